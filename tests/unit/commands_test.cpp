@@ -1,0 +1,458 @@
+// The command decoder and dispatcher, driven in-process: the "caller" is this
+// test process itself, so responses land in our memory and fds come from our
+// own fd table, exactly as they would from a provider.
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <rdma/ib_user_verbs.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <gtest/gtest.h>
+#include <vector>
+
+#include "commands.h"
+#include "device.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+struct Pipe {
+	int rd = -1, wr = -1;
+	Pipe() { EXPECT_EQ(pipe2(&rd, O_CLOEXEC), 0); }
+	~Pipe()
+	{
+		close(rd);
+		close(wr);
+	}
+	xsrc_fd_pair pair() const { return {uint32_t(rd), uint32_t(wr)}; }
+};
+
+// A core response followed by driver data, as one buffer (the kernel structs
+// end in flexible arrays, so they cannot be members of a struct).
+template <typename Core, typename Drv>
+struct Resp {
+	alignas(8) unsigned char bytes[sizeof(Core) + sizeof(Drv)] = {};
+	Core core() const { Core c; std::memcpy(&c, bytes, sizeof(c)); return c; }
+	Drv drv() const { Drv d; std::memcpy(&d, bytes + sizeof(Core), sizeof(d)); return d; }
+};
+
+class CommandsTest : public ::testing::Test {
+protected:
+	void SetUp() override
+	{
+		dev.name = "xsrctest0";
+		ASSERT_EQ(netdev_read("lo", dev.netdev), 0);
+		refresh_device_view(dev);
+		ctx.id = 1;
+		ctx.device = &dev;
+		ctx.owner = getpid();
+		ctx.caller = std::make_unique<ProcessCaller>(getpid());
+		ASSERT_TRUE(ctx.caller->valid());
+		dev.contexts.push_back(&ctx);
+	}
+	void TearDown() override { destroy_context_objects(ctx); }
+
+	// A non-extended command: header + core struct + optional driver bytes.
+	template <typename Core>
+	int run(uint32_t command, const Core &core, std::span<const std::byte> driver = {},
+		size_t out_bytes = 0)
+	{
+		std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(Core) + driver.size());
+		ib_uverbs_cmd_hdr hdr{command, uint16_t(buf.size() / 4), uint16_t(out_bytes / 4)};
+		std::memcpy(buf.data(), &hdr, sizeof(hdr));
+		std::memcpy(buf.data() + sizeof(hdr), &core, sizeof(Core));
+		if (!driver.empty())
+			std::memcpy(buf.data() + sizeof(hdr) + sizeof(Core), driver.data(), driver.size());
+		return execute_command(ctx, *ctx.caller, buf);
+	}
+
+	template <typename Core>
+	int run_ex(uint32_t command, const Core &core, void *resp, size_t out_bytes)
+	{
+		std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(ib_uverbs_ex_cmd_hdr) + sizeof(Core));
+		ib_uverbs_cmd_hdr hdr{command | IB_USER_VERBS_CMD_FLAG_EXTENDED, uint16_t(sizeof(Core) / 8),
+				      uint16_t(out_bytes / 8)};
+		ib_uverbs_ex_cmd_hdr ex{};
+		ex.response = reinterpret_cast<uintptr_t>(resp);
+		std::memcpy(buf.data(), &hdr, sizeof(hdr));
+		std::memcpy(buf.data() + sizeof(hdr), &ex, sizeof(ex));
+		std::memcpy(buf.data() + sizeof(hdr) + sizeof(ex), &core, sizeof(Core));
+		return execute_command(ctx, *ctx.caller, buf);
+	}
+
+	int get_context(xsrc_get_context_req &drv, xsrc_get_context_resp *dresp_out = nullptr,
+			ib_uverbs_get_context_resp *resp_out = nullptr)
+	{
+		Resp<ib_uverbs_get_context_resp, xsrc_get_context_resp> resp;
+		ib_uverbs_get_context cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		int err = run(IB_USER_VERBS_CMD_GET_CONTEXT, cmd, std::as_bytes(std::span(&drv, 1)), sizeof(resp));
+		if (dresp_out)
+			*dresp_out = resp.drv();
+		if (resp_out)
+			*resp_out = resp.core();
+		return err;
+	}
+
+	void init_context(size_t channels = 2)
+	{
+		xsrc_get_context_req drv{};
+		drv.async_fds = async.pair();
+		drv.num_channel_fds = uint32_t(channels);
+		for (size_t i = 0; i < channels; ++i)
+			drv.channel_fds[i] = chan[i].pair();
+		ASSERT_EQ(get_context(drv), 0);
+	}
+
+	uint32_t alloc_pd()
+	{
+		ib_uverbs_alloc_pd_resp resp{};
+		ib_uverbs_alloc_pd cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		EXPECT_EQ(run(IB_USER_VERBS_CMD_ALLOC_PD, cmd, {}, sizeof(resp)), 0);
+		return resp.pd_handle;
+	}
+
+	int reg_mr(uint32_t pd, void *addr, size_t len, uint32_t access, ib_uverbs_reg_mr_resp &resp)
+	{
+		ib_uverbs_reg_mr cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		cmd.start = reinterpret_cast<uintptr_t>(addr);
+		cmd.length = len;
+		cmd.hca_va = cmd.start;
+		cmd.pd_handle = pd;
+		cmd.access_flags = access;
+		return run(IB_USER_VERBS_CMD_REG_MR, cmd, {}, sizeof(resp));
+	}
+
+	int create_channel(int &fd)
+	{
+		ib_uverbs_create_comp_channel_resp resp{};
+		ib_uverbs_create_comp_channel cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		int err = run(IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, cmd, {}, sizeof(resp));
+		fd = int(resp.fd);
+		return err;
+	}
+
+	int create_cq(uint32_t cqe, int channel, uint32_t &handle)
+	{
+		Resp<ib_uverbs_create_cq_resp, xsrc_create_cq_resp> resp;
+		ib_uverbs_create_cq cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		cmd.user_handle = 0x1234;
+		cmd.cqe = cqe;
+		cmd.comp_channel = channel;
+		int err = run(IB_USER_VERBS_CMD_CREATE_CQ, cmd, {}, sizeof(resp));
+		handle = resp.core().cq_handle;
+		return err;
+	}
+
+	Device dev;
+	Context ctx;
+	Pipe async, chan[4];
+};
+
+TEST_F(CommandsTest, RejectsEverythingBeforeGetContext)
+{
+	ib_uverbs_alloc_pd_resp resp{};
+	ib_uverbs_alloc_pd cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(&resp);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_ALLOC_PD, cmd, {}, sizeof(resp)), EINVAL);
+}
+
+TEST_F(CommandsTest, GetContextTakesPipesAndAnswersOnce)
+{
+	xsrc_get_context_req drv{};
+	drv.async_fds = async.pair();
+	drv.num_channel_fds = 1;
+	drv.channel_fds[0] = chan[0].pair();
+	xsrc_get_context_resp dresp{};
+	ib_uverbs_get_context_resp resp{};
+	ASSERT_EQ(get_context(drv, &dresp, &resp), 0);
+	EXPECT_EQ(resp.async_fd, uint32_t(async.rd));
+	EXPECT_EQ(resp.num_comp_vectors, 1u);
+	EXPECT_EQ(dresp.driver_abi, uint32_t(XSRC_DRIVER_ABI_VERSION));
+	EXPECT_EQ(dresp.channel_pool_free, 1u);
+	EXPECT_EQ(get_context(drv), EINVAL);  // a context is initialised once
+
+	// The daemon's copy of the async write end reaches our read end.
+	ctx.post_async_event(1, IBV_EVENT_PORT_ERR);
+	ib_uverbs_async_event_desc ev{};
+	ASSERT_EQ(read(async.rd, &ev, sizeof(ev)), ssize_t(sizeof(ev)));
+	EXPECT_EQ(ev.element, 1u);
+	EXPECT_EQ(ev.event_type, uint32_t(IBV_EVENT_PORT_ERR));
+}
+
+TEST_F(CommandsTest, GetContextValidatesItsFds)
+{
+	xsrc_get_context_req drv{};
+	drv.async_fds = {uint32_t(async.rd), uint32_t(chan[0].wr)};  // ends of two pipes
+	EXPECT_EQ(get_context(drv), EINVAL);
+	drv.async_fds = {uint32_t(async.wr), uint32_t(async.rd)};    // swapped ends
+	EXPECT_EQ(get_context(drv), EINVAL);
+	drv.async_fds = {9999, 9998};                                  // not open
+	EXPECT_EQ(get_context(drv), EBADF);
+	drv.async_fds = async.pair();
+	drv.num_channel_fds = XSRC_MAX_CHANNEL_FDS + 1;
+	EXPECT_EQ(get_context(drv), EINVAL);
+	drv.num_channel_fds = 0;
+	drv.comp_mask = 1;
+	EXPECT_EQ(get_context(drv), EOPNOTSUPP);
+	EXPECT_FALSE(ctx.initialised);
+}
+
+TEST_F(CommandsTest, MalformedHeadersGetEinvalOrEopnotsupp)
+{
+	init_context();
+	std::byte tiny[4]{};
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, tiny), EINVAL);
+
+	ib_uverbs_dealloc_pd cmd{7};
+	std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(cmd));
+	ib_uverbs_cmd_hdr hdr{IB_USER_VERBS_CMD_DEALLOC_PD, uint16_t(buf.size() / 4 + 1), 0};
+	std::memcpy(buf.data(), &hdr, sizeof(hdr));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EINVAL);  // in_words lies
+
+	hdr = {0x7e, uint16_t(buf.size() / 4), 0};
+	std::memcpy(buf.data(), &hdr, sizeof(hdr));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EOPNOTSUPP);  // unknown command
+
+	hdr = {IB_USER_VERBS_CMD_DEALLOC_PD | 0x00100000, uint16_t(buf.size() / 4), 0};
+	std::memcpy(buf.data(), &hdr, sizeof(hdr));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EINVAL);  // undefined flag bits
+
+	// Truncated: header says 2 words, the command needs a core struct.
+	std::byte hdr_only[8];
+	hdr = {IB_USER_VERBS_CMD_REG_MR, 2, 0};
+	std::memcpy(hdr_only, &hdr, sizeof(hdr));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, hdr_only), EINVAL);
+
+	// No response expected but out_words given.
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, cmd, {}, 8), EINVAL);
+
+	// Extended header whose lengths do not add up, and a reserved field set.
+	ib_uverbs_ex_query_device q{};
+	std::vector<std::byte> ex(8 + 16 + sizeof(q) + 8);
+	ib_uverbs_cmd_hdr xh{IB_USER_VERBS_CMD_QUERY_DEVICE | IB_USER_VERBS_CMD_FLAG_EXTENDED, 1, 0};
+	std::memcpy(ex.data(), &xh, sizeof(xh));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, ex), EINVAL);
+	ib_uverbs_ex_cmd_hdr exh{};
+	exh.cmd_hdr_reserved = 1;
+	std::memcpy(ex.data() + 8, &exh, sizeof(exh));
+	ex.resize(8 + 16 + sizeof(q));
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, ex), EINVAL);
+}
+
+TEST_F(CommandsTest, UnknownDriverDataIsRefused)
+{
+	init_context();
+	ib_uverbs_alloc_pd_resp resp{};
+	ib_uverbs_alloc_pd cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(&resp);
+	uint64_t junk = 1;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_ALLOC_PD, cmd, std::as_bytes(std::span(&junk, 1)), sizeof(resp)),
+		  EOPNOTSUPP);
+	junk = 0;  // zeroed trailing bytes are fine: an older/newer caller's padding
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_ALLOC_PD, cmd, std::as_bytes(std::span(&junk, 1)), sizeof(resp)), 0);
+}
+
+TEST_F(CommandsTest, ResponsesNeedRoomAndMappedMemory)
+{
+	init_context();
+	ib_uverbs_query_device_resp resp{};
+	ib_uverbs_query_device cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(&resp);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_QUERY_DEVICE, cmd, {}, sizeof(resp) - 8), ENOSPC);
+	cmd.response = 0x10;  // never mapped
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_QUERY_DEVICE, cmd, {}, sizeof(resp)), EFAULT);
+	cmd.response = reinterpret_cast<uintptr_t>(&resp);
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_QUERY_DEVICE, cmd, {}, sizeof(resp)), 0);
+	EXPECT_EQ(resp.phys_port_cnt, 1);
+	EXPECT_EQ(resp.atomic_cap, uint32_t(IBV_ATOMIC_HCA));
+	EXPECT_TRUE(resp.device_cap_flags & IBV_DEVICE_XRC);
+	EXPECT_EQ(resp.max_cqe, DeviceLimits::max_cqe);
+}
+
+TEST_F(CommandsTest, ExtendedQueryDeviceFitsTheCallersRoom)
+{
+	init_context();
+	ib_uverbs_ex_query_device_resp resp{};
+	ib_uverbs_ex_query_device cmd{};
+	ASSERT_EQ(run_ex(IB_USER_VERBS_EX_CMD_QUERY_DEVICE, cmd, &resp, sizeof(resp)), 0);
+	EXPECT_EQ(resp.response_length, sizeof(resp));
+	EXPECT_EQ(resp.base.max_qp, DeviceLimits::max_qp);
+
+	// An old caller with room for the base response and length fields only.
+	std::vector<uint64_t> small(offsetof(ib_uverbs_ex_query_device_resp, odp_caps) / 8 + 1, ~0ull);
+	size_t room = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
+	ASSERT_EQ(run_ex(IB_USER_VERBS_EX_CMD_QUERY_DEVICE, cmd, small.data(), room), 0);
+	auto *partial = reinterpret_cast<ib_uverbs_ex_query_device_resp *>(small.data());
+	EXPECT_EQ(partial->response_length, room);
+	EXPECT_EQ(small.back(), ~0ull);  // nothing written past the room given
+
+	cmd.comp_mask = 1;
+	EXPECT_EQ(run_ex(IB_USER_VERBS_EX_CMD_QUERY_DEVICE, cmd, &resp, sizeof(resp)), EINVAL);
+}
+
+TEST_F(CommandsTest, QueryPortReportsEthernetAndRejectsBadPorts)
+{
+	init_context();
+	ib_uverbs_query_port_resp resp{};
+	ib_uverbs_query_port cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(&resp);
+	cmd.port_num = 2;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_QUERY_PORT, cmd, {}, sizeof(resp)), EINVAL);
+	cmd.port_num = 1;
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_QUERY_PORT, cmd, {}, sizeof(resp)), 0);
+	EXPECT_EQ(resp.link_layer, IBV_LINK_LAYER_ETHERNET);
+	EXPECT_EQ(resp.gid_tbl_len, DeviceLimits::gid_tbl_len);
+	EXPECT_EQ(resp.state, dev.netdev.oper_up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN);
+}
+
+TEST_F(CommandsTest, PdLifetimeAndWrongHandles)
+{
+	init_context();
+	uint32_t pd = alloc_pd();
+	std::vector<char> buf(4096);
+	ib_uverbs_reg_mr_resp mr{};
+	ASSERT_EQ(reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE, mr), 0);
+
+	ib_uverbs_dealloc_pd dealloc{pd};
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), EBUSY);  // an MR uses it
+	ib_uverbs_dereg_mr dereg{mr.mr_handle};
+	ib_uverbs_dereg_mr wrong_type{pd};
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEREG_MR, wrong_type), EINVAL);  // a PD is not an MR
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEREG_MR, dereg), 0);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEREG_MR, dereg), EINVAL);      // gone
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), 0);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), EINVAL);
+	EXPECT_TRUE(ctx.objects.empty());
+}
+
+TEST_F(CommandsTest, RegMrChecksTheCallersMappings)
+{
+	init_context();
+	uint32_t pd = alloc_pd();
+	long page = sysconf(_SC_PAGESIZE);
+	char *area = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+					      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	ASSERT_NE(area, MAP_FAILED);
+	ASSERT_EQ(mprotect(area + page, page, PROT_READ), 0);
+	ASSERT_EQ(munmap(area + 2 * page, page), 0);
+
+	ib_uverbs_reg_mr_resp r{};
+	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, r), 0);
+	EXPECT_EQ(r.lkey, r.rkey);
+	EXPECT_EQ(reg_mr(pd, area + page, page, 0, r), 0);  // read-only page, read-only MR
+	EXPECT_EQ(reg_mr(pd, area + page, page, IBV_ACCESS_LOCAL_WRITE, r), EFAULT);
+	EXPECT_EQ(reg_mr(pd, area, 3 * page, 0, r), EFAULT);  // runs into the hole
+	EXPECT_EQ(reg_mr(pd, area, 0, 0, r), EINVAL);
+	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_REMOTE_WRITE, r), EINVAL);  // needs local write
+	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_ON_DEMAND, r), EOPNOTSUPP);
+	EXPECT_EQ(reg_mr(pd + 100, area, page, 0, r), EINVAL);
+	EXPECT_EQ(dev.mrs_by_index.size(), 2u);
+	munmap(area, 2 * page);
+}
+
+TEST_F(CommandsTest, CompletionChannelsComeFromThePoolInOrder)
+{
+	init_context(2);
+	int fd1, fd2, fd3;
+	ASSERT_EQ(create_channel(fd1), 0);
+	ASSERT_EQ(create_channel(fd2), 0);
+	EXPECT_EQ(fd1, chan[0].rd);
+	EXPECT_EQ(fd2, chan[1].rd);
+	EXPECT_EQ(create_channel(fd3), EMFILE);
+
+	xsrc_channel_pool_resp resp{};
+	xsrc_channel_pool add{};
+	add.response = reinterpret_cast<uintptr_t>(&resp);
+	add.fds = chan[2].pair();
+	ASSERT_EQ(run(XSRC_CMD_CHANNEL_POOL, add, {}, sizeof(resp)), 0);
+	EXPECT_EQ(resp.channel_pool_free, 1u);
+	add.fds = {XSRC_NO_FD, XSRC_NO_FD};
+	ASSERT_EQ(run(XSRC_CMD_CHANNEL_POOL, add, {}, sizeof(resp)), 0);
+	EXPECT_EQ(resp.channel_pool_free, 1u);
+	ASSERT_EQ(create_channel(fd3), 0);
+	EXPECT_EQ(fd3, chan[2].rd);
+	add.reserved = 1;
+	EXPECT_EQ(run(XSRC_CMD_CHANNEL_POOL, add, {}, sizeof(resp)), EINVAL);
+}
+
+TEST_F(CommandsTest, CqValidationAndDestroyCounts)
+{
+	init_context(1);
+	uint32_t cq;
+	EXPECT_EQ(create_cq(0, -1, cq), EINVAL);
+	EXPECT_EQ(create_cq(DeviceLimits::max_cqe + 1, -1, cq), EINVAL);
+	EXPECT_EQ(create_cq(16, chan[0].rd, cq), EINVAL);  // not a channel yet
+	int ch;
+	ASSERT_EQ(create_channel(ch), 0);
+	ASSERT_EQ(create_cq(16, ch, cq), 0);
+
+	ib_uverbs_req_notify_cq arm{cq, 0};
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0);
+	EXPECT_TRUE(std::get<Cq>(ctx.objects.at(cq)).armed);
+
+	ib_uverbs_resize_cq_resp rr{};
+	ib_uverbs_resize_cq resize{};
+	resize.response = reinterpret_cast<uintptr_t>(&rr);
+	resize.cq_handle = cq;
+	resize.cqe = 64;
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_RESIZE_CQ, resize, {}, sizeof(rr)), 0);
+	EXPECT_EQ(rr.cqe, 64u);
+
+	ib_uverbs_destroy_cq_resp dr{~0u, ~0u};
+	ib_uverbs_destroy_cq destroy{};
+	destroy.response = reinterpret_cast<uintptr_t>(&dr);
+	destroy.cq_handle = cq;
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_DESTROY_CQ, destroy, {}, sizeof(dr)), 0);
+	EXPECT_EQ(dr.comp_events_reported, 0u);
+	EXPECT_EQ(dr.async_events_reported, 0u);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DESTROY_CQ, destroy, {}, sizeof(dr)), EINVAL);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), EINVAL);
+}
+
+TEST_F(CommandsTest, ExtendedCreateCqRejectsUnsupportedFlags)
+{
+	init_context(0);
+	struct {
+		ib_uverbs_ex_create_cq_resp core;
+	} resp{};
+	ib_uverbs_ex_create_cq cmd{};
+	cmd.cqe = 8;
+	cmd.comp_channel = -1;
+	cmd.flags = IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION;
+	EXPECT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp)), EOPNOTSUPP);
+	cmd.flags = 0;
+	cmd.comp_mask = 4;
+	EXPECT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp)), EINVAL);
+	cmd.comp_mask = 0;
+	ASSERT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp)), 0);
+	EXPECT_EQ(resp.core.base.cqe, 8u);
+	EXPECT_EQ(resp.core.response_length, sizeof(resp.core));
+}
+
+TEST_F(CommandsTest, DestroyingAContextFreesEverything)
+{
+	init_context(2);
+	uint32_t pd = alloc_pd();
+	std::vector<char> buf(64);
+	ib_uverbs_reg_mr_resp mr{};
+	ASSERT_EQ(reg_mr(pd, buf.data(), buf.size(), 0, mr), 0);
+	int ch;
+	ASSERT_EQ(create_channel(ch), 0);
+	uint32_t cq;
+	ASSERT_EQ(create_cq(4, ch, cq), 0);
+	EXPECT_EQ(ctx.object_count(), 4u);
+	destroy_context_objects(ctx);
+	EXPECT_EQ(ctx.object_count(), 0u);
+	EXPECT_TRUE(dev.mrs_by_index.empty());
+	EXPECT_TRUE(ctx.channel_pool.empty());
+}
+
+}  // namespace
+}  // namespace xsrc

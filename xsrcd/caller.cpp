@@ -1,0 +1,99 @@
+#include "caller.h"
+
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace xsrc {
+namespace {
+
+// glibc 2.36's <sys/pidfd.h> lacks C++ linkage guards; call the kernel directly.
+int pidfd_open(pid_t pid, unsigned flags)
+{
+	return static_cast<int>(syscall(SYS_pidfd_open, pid, flags));
+}
+
+int pidfd_getfd(int pidfd, int fd, unsigned flags)
+{
+	return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, flags));
+}
+
+}  // namespace
+
+pid_t tgid_of(pid_t tid)
+{
+	std::ifstream status("/proc/" + std::to_string(tid) + "/status");
+	std::string line;
+	while (std::getline(status, line))
+		if (line.rfind("Tgid:", 0) == 0)
+			return static_cast<pid_t>(std::stol(line.substr(5)));
+	return -1;
+}
+
+ProcessCaller::ProcessCaller(pid_t tgid) : tgid_(tgid)
+{
+	if (tgid_ > 0)
+		pidfd_ = pidfd_open(tgid_, 0);
+}
+
+ProcessCaller::~ProcessCaller()
+{
+	if (pidfd_ >= 0)
+		close(pidfd_);
+}
+
+int ProcessCaller::write_memory(uint64_t addr, std::span<const std::byte> bytes)
+{
+	if (bytes.empty())
+		return 0;
+	iovec local{const_cast<std::byte *>(bytes.data()), bytes.size()};
+	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
+	ssize_t n = process_vm_writev(tgid_, &local, 1, &remote, 1, 0);
+	if (n != static_cast<ssize_t>(bytes.size()))
+		return EFAULT;
+	return 0;
+}
+
+int ProcessCaller::take_fd(int fd)
+{
+	if (pidfd_ < 0)
+		return -ESRCH;
+	int ours = pidfd_getfd(pidfd_, fd, 0);
+	return ours >= 0 ? ours : -errno;
+}
+
+int ProcessCaller::check_mapped(uint64_t addr, uint64_t length, bool writable)
+{
+	if (length == 0 || addr + length < addr)
+		return EFAULT;
+	FILE *maps = fopen(("/proc/" + std::to_string(tgid_) + "/maps").c_str(), "re");
+	if (!maps)
+		return EFAULT;
+	// Mappings are sorted; walk them and require contiguous coverage.
+	uint64_t covered_to = addr, end = addr + length;
+	char line[512];
+	while (covered_to < end && fgets(line, sizeof(line), maps)) {
+		uint64_t lo, hi;
+		char perms[5] = {};
+		if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %4s", &lo, &hi, perms) != 3)
+			continue;
+		if (hi <= covered_to)
+			continue;
+		if (lo > covered_to)
+			break;  // a hole
+		if (perms[0] != 'r' || (writable && perms[1] != 'w'))
+			break;
+		covered_to = hi;
+	}
+	fclose(maps);
+	return covered_to >= end ? 0 : EFAULT;
+}
+
+}  // namespace xsrc

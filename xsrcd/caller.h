@@ -1,0 +1,52 @@
+// The process on the other side of a command: where responses are written,
+// where completion-channel and async-event fds come from, whose mappings a
+// memory registration must cover. An interface, so the command dispatcher can
+// be unit-tested and fuzzed without FUSE or a second process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace xsrc {
+
+class Caller {
+public:
+	virtual ~Caller() = default;
+	// Copies `bytes` to `addr` in the caller. Returns 0 or an errno (EFAULT).
+	virtual int write_memory(uint64_t addr, std::span<const std::byte> bytes) = 0;
+	// Duplicates the caller's fd `fd` into the daemon. Returns the new fd
+	// (owned by the daemon) or -errno (EBADF when the caller has no such fd).
+	virtual int take_fd(int fd) = 0;
+	// Returns 0 when [addr, addr+length) is mapped in the caller, readable and,
+	// if `writable`, writable; EFAULT otherwise.
+	virtual int check_mapped(uint64_t addr, uint64_t length, bool writable) = 0;
+	virtual pid_t pid() const = 0;   // thread-group id of the caller
+};
+
+// The real thing: a process identified by a pidfd (immune to pid reuse).
+class ProcessCaller final : public Caller {
+public:
+	// Opens a pidfd for thread group `tgid`; check valid() afterwards.
+	explicit ProcessCaller(pid_t tgid);
+	~ProcessCaller() override;
+	ProcessCaller(const ProcessCaller &) = delete;
+	ProcessCaller &operator=(const ProcessCaller &) = delete;
+
+	bool valid() const { return pidfd_ >= 0; }
+	int write_memory(uint64_t addr, std::span<const std::byte> bytes) override;
+	int take_fd(int fd) override;
+	int check_mapped(uint64_t addr, uint64_t length, bool writable) override;
+	pid_t pid() const override { return tgid_; }
+
+private:
+	pid_t tgid_;
+	int pidfd_ = -1;
+};
+
+// Thread-group id of a thread, from /proc; -1 if it is gone.
+pid_t tgid_of(pid_t tid);
+
+}  // namespace xsrc

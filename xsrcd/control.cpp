@@ -1,0 +1,126 @@
+#include "control.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "control_protocol.h"
+#include "daemon.h"
+
+namespace xsrc {
+
+ControlServer::ControlServer(Daemon &daemon, std::string socket_path, void (*on_shutdown)())
+	: daemon_(daemon), path_(std::move(socket_path)), on_shutdown_(on_shutdown)
+{
+}
+
+ControlServer::~ControlServer()
+{
+	if (thread_.joinable()) {
+		uint64_t one = 1;
+		if (write(stop_fd_, &one, sizeof(one)) < 0) {
+			// the thread still exits when the listening socket closes
+		}
+		thread_.join();
+	}
+	if (listen_fd_ >= 0) {
+		close(listen_fd_);
+		unlink(path_.c_str());
+	}
+	if (stop_fd_ >= 0)
+		close(stop_fd_);
+}
+
+int ControlServer::start()
+{
+	sockaddr_un addr{};
+	addr.sun_family = AF_UNIX;
+	if (path_.size() >= sizeof(addr.sun_path))
+		return ENAMETOOLONG;
+	std::strcpy(addr.sun_path, path_.c_str());
+	listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	stop_fd_ = eventfd(0, EFD_CLOEXEC);
+	if (listen_fd_ < 0 || stop_fd_ < 0)
+		return errno;
+	unlink(path_.c_str());
+	mode_t old = umask(077);  // root only: the socket creates and removes devices
+	int rc = bind(listen_fd_, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+	umask(old);
+	if (rc || listen(listen_fd_, 16))
+		return errno;
+	thread_ = std::thread([this] { serve(); });
+	return 0;
+}
+
+void ControlServer::serve()
+{
+	std::vector<char> buf(kControlMaxMessage);
+	for (;;) {
+		pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		if (fds[1].revents)
+			return;
+		int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+		if (conn < 0)
+			continue;
+		timeval tv{5, 0};  // a client that never speaks must not stall us
+		setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		ssize_t n = recv(conn, buf.data(), buf.size() - 1, 0);
+		bool shutdown = false;
+		if (n > 0) {
+			std::string reply = handle(std::string(buf.data(), static_cast<size_t>(n)), shutdown);
+			if (reply.size() > kControlMaxMessage)
+				reply.resize(kControlMaxMessage);
+			send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
+		}
+		close(conn);
+		if (shutdown) {
+			on_shutdown_();
+			return;
+		}
+	}
+}
+
+std::string ControlServer::handle(const std::string &request, bool &shutdown)
+{
+	std::istringstream in(request);
+	std::string verb, name, netdev, extra;
+	in >> verb >> name >> netdev >> extra;
+	if (!extra.empty())
+		return "error too many arguments";
+	if (verb == "up" && !name.empty()) {
+		std::string error;
+		int err = daemon_.add_device(name, netdev, error);
+		if (err == 0)
+			return "ok created";
+		if (err == EEXIST)
+			return "ok exists";
+		return "error " + error;
+	}
+	if (verb == "down" && !name.empty() && netdev.empty()) {
+		int err = daemon_.remove_device(name);
+		return err ? "error no device named " + name : "ok";
+	}
+	if (verb == "status" && name.empty())
+		return "ok\n" + daemon_.status();
+	if (verb == "shutdown" && name.empty()) {
+		daemon_.remove_all_devices();
+		shutdown = true;
+		return "ok";
+	}
+	return "error unknown request '" + request.substr(0, 64) + "'";
+}
+
+}  // namespace xsrc

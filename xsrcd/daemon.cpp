@@ -1,0 +1,275 @@
+#include "daemon.h"
+
+#include <infiniband/verbs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "commands.h"
+#include "device.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+bool valid_device_name(const std::string &name)
+{
+	if (name.empty() || name.size() > 63)
+		return false;
+	return std::all_of(name.begin(), name.end(), [](char c) {
+		return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+	});
+}
+
+// Is thread `tid` one of the threads of process `tgid`? One syscall.
+bool thread_of(pid_t tid, pid_t tgid)
+{
+	if (tid == tgid)
+		return true;
+	std::string path = "/proc/" + std::to_string(tgid) + "/task/" + std::to_string(tid);
+	return access(path.c_str(), F_OK) == 0;
+}
+
+}  // namespace
+
+Daemon::Daemon(std::string sysfs_root, std::string fuse_root)
+	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root))
+{
+}
+
+Daemon::~Daemon()
+{
+	remove_all_devices();
+}
+
+Device *Daemon::find_device_locked(const std::string &name)
+{
+	auto it = devices_.find(name);
+	return it == devices_.end() ? nullptr : it->second.get();
+}
+
+int Daemon::add_device(const std::string &name, const std::string &netdev_name, std::string &error)
+{
+	if (!valid_device_name(name)) {
+		error = "invalid device name '" + name + "' (use a-z, 0-9, '_', '-')";
+		return EINVAL;
+	}
+	std::string ifname = netdev_name.empty() || netdev_name == "-" ? netdev_default() : netdev_name;
+	NetdevInfo info;
+	if (int err = netdev_read(ifname, info)) {
+		error = "netdev '" + ifname + "': " + (err == ENODEV ? "no such network device" : strerror(err));
+		return err;
+	}
+
+	std::lock_guard lock(mu_);
+	if (Device *dev = find_device_locked(name)) {
+		if (dev->netdev.name == ifname || netdev_name.empty() || netdev_name == "-")
+			return EEXIST;
+		error = "device " + name + " exists on netdev " + dev->netdev.name;
+		return EBUSY;
+	}
+	std::vector<bool> used;
+	for (auto &[n, d] : devices_) {
+		if (used.size() <= d->uverbs_index)
+			used.resize(d->uverbs_index + 1);
+		used[d->uverbs_index] = true;
+	}
+	unsigned index = static_cast<unsigned>(std::find(used.begin(), used.end(), false) - used.begin());
+
+	auto dev = std::make_unique<Device>();
+	dev->name = name;
+	dev->uverbs_index = index;
+	dev->netdev = info;
+	dev->view.driver_abi = XSRC_DRIVER_ABI_VERSION;
+	dev->view.cmd_dir = fuse_root_ + "/" + name;
+	refresh_device_view(*dev);
+	if (int err = devnode_create(index)) {
+		error = std::string("cannot create /dev/infiniband/uverbs") + std::to_string(index) + ": " + strerror(err);
+		return err;
+	}
+	if (int err = sysfs_view_write(sysfs_root_, dev->view)) {
+		devnode_remove(index);
+		error = std::string("cannot write the sysfs view: ") + strerror(err);
+		return err;
+	}
+	devices_.emplace(name, std::move(dev));
+	return 0;
+}
+
+// Disassociates every context from a device that goes away, as the kernel does
+// on hot-unplug: IBV_EVENT_DEVICE_FATAL, then every later command fails EIO.
+void Daemon::detach_device_locked(Device &dev)
+{
+	for (Context *ctx : dev.contexts) {
+		ctx->post_async_event(0, IBV_EVENT_DEVICE_FATAL);
+		destroy_context_objects(*ctx);
+		ctx->device = nullptr;
+	}
+	dev.contexts.clear();
+	sysfs_view_remove(sysfs_root_, dev.view);
+	devnode_remove(dev.uverbs_index);
+}
+
+int Daemon::remove_device(const std::string &name)
+{
+	std::lock_guard lock(mu_);
+	auto it = devices_.find(name);
+	if (it == devices_.end())
+		return ENODEV;
+	detach_device_locked(*it->second);
+	devices_.erase(it);
+	return 0;
+}
+
+void Daemon::remove_all_devices()
+{
+	std::lock_guard lock(mu_);
+	for (auto &[name, dev] : devices_)
+		detach_device_locked(*dev);
+	devices_.clear();
+}
+
+std::string Daemon::status()
+{
+	std::lock_guard lock(mu_);
+	std::ostringstream out;
+	for (auto &[name, dev] : devices_) {
+		size_t objects = 0;
+		for (Context *ctx : dev->contexts)
+			objects += ctx->object_count();
+		out << name << " uverbs" << dev->uverbs_index << " netdev=" << dev->netdev.name
+		    << " port=" << (dev->view.port.active ? "ACTIVE" : "DOWN")
+		    << " contexts=" << dev->contexts.size() << " objects=" << objects << "\n";
+	}
+	return out.str();
+}
+
+void Daemon::on_netdev_change(int ifindex)
+{
+	std::lock_guard lock(mu_);
+	for (auto &[name, dev] : devices_) {
+		if (dev->netdev.ifindex != ifindex)
+			continue;
+		NetdevInfo info;
+		if (netdev_read(dev->netdev.name, info) || info.ifindex != ifindex) {
+			info = dev->netdev;  // the netdev is gone: the port goes down
+			info.oper_up = false;
+		}
+		bool was_active = dev->view.port.active;
+		auto old_gids = dev->view.port.gids;
+		dev->netdev = info;
+		refresh_device_view(*dev);
+		sysfs_view_write(sysfs_root_, dev->view);
+		for (Context *ctx : dev->contexts) {
+			if (was_active != dev->view.port.active)
+				ctx->post_async_event(1, dev->view.port.active ? IBV_EVENT_PORT_ACTIVE
+									       : IBV_EVENT_PORT_ERR);
+			if (old_gids != dev->view.port.gids)
+				ctx->post_async_event(1, IBV_EVENT_GID_CHANGE);
+		}
+	}
+}
+
+bool Daemon::device_exists(const std::string &name)
+{
+	std::lock_guard lock(mu_);
+	return find_device_locked(name) != nullptr;
+}
+
+std::vector<std::string> Daemon::device_names()
+{
+	std::lock_guard lock(mu_);
+	std::vector<std::string> names;
+	for (auto &[name, dev] : devices_)
+		names.push_back(name);
+	return names;
+}
+
+int Daemon::open_context(const std::string &device, pid_t tid, uid_t uid, uint64_t &id)
+{
+	pid_t tgid = tgid_of(tid);
+	if (tgid <= 0)
+		return ESRCH;
+	auto caller = std::make_unique<ProcessCaller>(tgid);
+	if (!caller->valid())
+		return ESRCH;
+
+	std::lock_guard lock(mu_);
+	Device *dev = find_device_locked(device);
+	if (!dev)
+		return ENODEV;
+	auto ctx = std::make_unique<Context>();
+	ctx->id = next_context_id_++;
+	ctx->device = dev;
+	ctx->owner = tgid;
+	ctx->uid = uid;
+	ctx->caller = std::move(caller);
+	dev->contexts.push_back(ctx.get());
+	id = ctx->id;
+	contexts_.emplace(id, std::move(ctx));
+	return 0;
+}
+
+int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
+{
+	// A forked child may write to its parent's command file: it then gets
+	// the responses in its own memory and its own fds are the ones taken.
+	std::unique_ptr<ProcessCaller> other;
+	pid_t owner;
+	{
+		std::lock_guard lock(mu_);
+		auto it = contexts_.find(id);
+		if (it == contexts_.end())
+			return EBADF;
+		owner = it->second->owner;
+	}
+	if (!thread_of(tid, owner)) {
+		other = std::make_unique<ProcessCaller>(tgid_of(tid));
+		if (!other->valid())
+			return ESRCH;
+	}
+
+	std::lock_guard lock(mu_);
+	auto it = contexts_.find(id);
+	if (it == contexts_.end())
+		return EBADF;
+	Context &ctx = *it->second;
+	return execute_command(ctx, other ? *other : *ctx.caller, command);
+}
+
+void Daemon::release_context(uint64_t id)
+{
+	std::lock_guard lock(mu_);
+	auto it = contexts_.find(id);
+	if (it == contexts_.end())
+		return;
+	Context &ctx = *it->second;
+	destroy_context_objects(ctx);
+	if (ctx.device)
+		std::erase(ctx.device->contexts, &ctx);
+	contexts_.erase(it);
+}
+
+bool Daemon::context_owner(uint64_t id, uid_t &uid)
+{
+	std::lock_guard lock(mu_);
+	auto it = contexts_.find(id);
+	if (it == contexts_.end())
+		return false;
+	uid = it->second->uid;
+	return true;
+}
+
+size_t Daemon::object_count()
+{
+	std::lock_guard lock(mu_);
+	size_t n = 0;
+	for (auto &[id, ctx] : contexts_)
+		n += ctx->object_count();
+	return n;
+}
+
+}  // namespace xsrc

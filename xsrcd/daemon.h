@@ -1,0 +1,56 @@
+// The daemon's state: devices, their contexts and objects, behind one lock.
+// The FUSE front end, the control socket and the netdev monitor all call in
+// here; nothing in here blocks on a client.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "objects.h"
+
+namespace xsrc {
+
+class Daemon {
+public:
+	Daemon(std::string sysfs_root, std::string fuse_root);
+	~Daemon();
+
+	// Devices (the control socket). add_device: 0 when created, EEXIST when a
+	// device of that name is already bound to that netdev (harmless), another
+	// errno with `error` set otherwise.
+	int add_device(const std::string &name, const std::string &netdev, std::string &error);
+	int remove_device(const std::string &name);
+	void remove_all_devices();
+	std::string status();
+	void on_netdev_change(int ifindex);
+
+	// Contexts (the FUSE front end). `tid` is the calling thread.
+	bool device_exists(const std::string &name);
+	std::vector<std::string> device_names();
+	int open_context(const std::string &device, pid_t tid, uid_t uid, uint64_t &id);
+	int execute(uint64_t id, pid_t tid, std::span<const std::byte> command);
+	void release_context(uint64_t id);
+	bool context_owner(uint64_t id, uid_t &uid);
+
+	size_t object_count();  // every object of every context, for tests
+
+private:
+	Device *find_device_locked(const std::string &name);
+	void detach_device_locked(Device &dev);
+
+	std::mutex mu_;
+	std::string sysfs_root_;
+	std::string fuse_root_;
+	std::map<std::string, std::unique_ptr<Device>> devices_;
+	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
+	uint64_t next_context_id_ = 1;
+};
+
+}  // namespace xsrc

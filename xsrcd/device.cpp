@@ -1,0 +1,77 @@
+#include "device.h"
+
+#include <endian.h>
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+
+namespace xsrc {
+
+void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
+{
+	using L = DeviceLimits;
+	r.fw_ver = kFirmwareVersion;
+	r.node_guid = htobe64(dev.view.node_guid);
+	r.sys_image_guid = htobe64(dev.view.node_guid);
+	r.max_mr_size = UINT64_MAX;
+	r.page_size_cap = 0xfffff000;  // any power of two from 4 KiB
+	r.vendor_id = 0xffffff;        // no IEEE OUI: a software device
+	r.vendor_part_id = 0;
+	r.hw_ver = 0;
+	r.max_qp = L::max_qp;
+	r.max_qp_wr = L::max_qp_wr;
+	r.device_cap_flags = IBV_DEVICE_CURR_QP_STATE_MOD | IBV_DEVICE_PORT_ACTIVE_EVENT |
+			     IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
+			     IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+	r.max_sge = L::max_sge;
+	r.max_sge_rd = L::max_sge;
+	r.max_cq = L::max_cq;
+	r.max_cqe = L::max_cqe;
+	r.max_mr = L::max_mr;
+	r.max_pd = L::max_pd;
+	r.max_qp_rd_atom = L::max_qp_rd_atom;
+	r.max_res_rd_atom = L::max_qp_rd_atom * L::max_qp;
+	r.max_qp_init_rd_atom = L::max_qp_rd_atom;
+	r.atomic_cap = IBV_ATOMIC_HCA;
+	r.max_ah = L::max_ah;
+	r.max_srq = L::max_srq;
+	r.max_srq_wr = L::max_srq_wr;
+	r.max_srq_sge = L::max_sge;
+	r.max_pkeys = 1;
+	r.local_ca_ack_delay = 15;
+	r.phys_port_cnt = 1;
+}
+
+void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)
+{
+	const PortView &port = dev.view.port;
+	r.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+	r.max_msg_sz = DeviceLimits::max_msg_size;
+	r.gid_tbl_len = port.gid_tbl_len;
+	r.pkey_tbl_len = 1;
+	r.state = port.active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+	r.max_mtu = IBV_MTU_4096;
+	r.active_mtu = static_cast<uint8_t>(port.active_mtu);
+	r.max_vl_num = 1;
+	r.active_width = 2;     // 4X
+	r.active_speed = 32;    // EDR: 4X EDR reads as 100 Gb/s
+	r.phys_state = port.active ? 5 : 3;  // LinkUp : Disabled
+	r.link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+void refresh_device_view(Device &dev)
+{
+	DeviceView &v = dev.view;
+	v.ibdev = dev.name;
+	v.uverbs_index = dev.uverbs_index;
+	v.node_guid = guid_from_mac(dev.netdev.mac);
+	v.port.active = dev.netdev.oper_up;
+	v.port.active_mtu = ib_mtu_from_netdev_mtu(dev.netdev.mtu);
+	v.port.netdev = dev.netdev.name;
+	v.port.gid_tbl_len = DeviceLimits::gid_tbl_len;
+	v.port.gids = roce_v2_gids(dev.netdev);
+	if (v.port.gids.size() > v.port.gid_tbl_len)
+		v.port.gids.resize(v.port.gid_tbl_len);
+}
+
+}  // namespace xsrc

@@ -1,0 +1,20 @@
+// What a device reports about itself: device and port attributes, and the
+// view refreshed from its netdev.
+#pragma once
+
+#include <rdma/ib_user_verbs.h>
+
+#include "objects.h"
+
+namespace xsrc {
+
+void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &resp);
+void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &resp);
+
+// Rebuilds dev.view (GUID, GIDs, port state, MTU) from dev.netdev.
+void refresh_device_view(Device &dev);
+
+// fw_ver as libibverbs decodes it: major.minor.sub_minor in 16-bit fields.
+constexpr uint64_t kFirmwareVersion = (0ull << 32) | (1ull << 16) | 0;
+
+}  // namespace xsrc

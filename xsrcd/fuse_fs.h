@@ -1,0 +1,38 @@
+// The FUSE file system that stands in for /dev/infiniband/uverbsN: one
+// directory per device; a provider creates a file in it for every context it
+// opens and write()s uverbs commands to that file.
+#pragma once
+
+#include <string>
+
+struct fuse_session;
+
+namespace xsrc {
+
+class Daemon;
+
+class FuseFs {
+public:
+	FuseFs(Daemon &daemon, std::string mountpoint);
+	~FuseFs();  // unmounts if still mounted
+	FuseFs(const FuseFs &) = delete;
+	FuseFs &operator=(const FuseFs &) = delete;
+
+	// Mounts (allow_other, default_permissions) and installs SIGTERM/SIGINT
+	// handlers that end run(). Returns 0 or an errno.
+	int mount();
+	// Serves requests on worker threads until a signal or unmount.
+	int run();
+	void unmount();
+
+private:
+	Daemon &daemon_;
+	std::string mountpoint_;
+	struct fuse_session *session_ = nullptr;
+	bool mounted_ = false;
+};
+
+// Detaches a mount left behind by a daemon that died. Returns true if one was.
+bool unmount_stale(const std::string &mountpoint);
+
+}  // namespace xsrc

@@ -1,0 +1,125 @@
+// xsrcd: the xsrc device daemon. Plays the kernel's part for xsrc devices:
+// serves the uverbs command ABI through FUSE, owns every object and id,
+// publishes the sysfs view libibverbs discovers devices through.
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "control.h"
+#include "control_protocol.h"
+#include "daemon.h"
+#include "fuse_fs.h"
+#include "netdev.h"
+
+namespace {
+
+pthread_t g_main_thread;
+
+void request_exit()
+{
+	// The FUSE loop ends when its thread is interrupted by its signal handler.
+	pthread_kill(g_main_thread, SIGTERM);
+}
+
+[[noreturn]] void usage(int status)
+{
+	fprintf(status ? stderr : stdout,
+		"usage: xsrcd [--rundir DIR]\n"
+		"The xsrc device daemon; normally started by 'xsrc up'.\n");
+	exit(status);
+}
+
+bool other_daemon_alive(const std::string &pidfile, long &pid)
+{
+	std::ifstream in(pidfile);
+	if (!(in >> pid) || pid <= 0)
+		return false;
+	return kill(static_cast<pid_t>(pid), 0) == 0 && pid != getpid();
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+	std::string rundir = xsrc::kDefaultRunDir;
+	for (int i = 1; i < argc; ++i) {
+		std::string arg = argv[i];
+		if (arg == "--rundir" && i + 1 < argc)
+			rundir = argv[++i];
+		else if (arg == "--help" || arg == "-h")
+			usage(0);
+		else
+			usage(2);
+	}
+	if (geteuid() != 0) {
+		fprintf(stderr, "xsrcd: must run as root\n");
+		return 1;
+	}
+	namespace fs = std::filesystem;
+	const std::string sysfs_root = rundir + "/" + xsrc::kSysfsDirName;
+	const std::string fuse_root = rundir + "/" + xsrc::kFuseDirName;
+	const std::string pidfile = rundir + "/" + xsrc::kPidFileName;
+	const std::string socket_path = rundir + "/" + xsrc::kControlSocketName;
+
+	std::error_code ec;
+	fs::create_directories(rundir, ec);
+	long other = 0;
+	if (other_daemon_alive(pidfile, other)) {
+		fprintf(stderr, "xsrcd: already running (pid %ld)\n", other);
+		return 1;
+	}
+	if (xsrc::unmount_stale(fuse_root))
+		fprintf(stderr, "xsrcd: detached a stale mount at %s\n", fuse_root.c_str());
+	fs::remove_all(sysfs_root, ec);
+	fs::create_directories(sysfs_root, ec);
+	fs::create_directories(fuse_root, ec);
+	if (ec) {
+		fprintf(stderr, "xsrcd: cannot create %s: %s\n", rundir.c_str(), ec.message().c_str());
+		return 1;
+	}
+	chmod(rundir.c_str(), 0755);
+	std::ofstream(pidfile) << getpid() << "\n";
+
+	signal(SIGPIPE, SIG_IGN);
+	g_main_thread = pthread_self();
+	int status = 0;
+	{
+		xsrc::Daemon daemon(sysfs_root, fuse_root);
+		xsrc::FuseFs fuse(daemon, fuse_root);
+		if (int err = fuse.mount()) {
+			fprintf(stderr, "xsrcd: cannot mount the command file system at %s: %s\n",
+				fuse_root.c_str(), strerror(err));
+			unlink(pidfile.c_str());
+			return 1;
+		}
+		int err = 0;
+		auto monitor = xsrc::NetdevMonitor::start(
+			[&daemon](int ifindex) { daemon.on_netdev_change(ifindex); }, err);
+		if (!monitor)
+			fprintf(stderr, "xsrcd: not watching netdevs (%s); port state is fixed\n", strerror(err));
+		xsrc::ControlServer control(daemon, socket_path, request_exit);
+		if ((err = control.start())) {
+			fprintf(stderr, "xsrcd: cannot listen on %s: %s\n", socket_path.c_str(), strerror(err));
+			status = 1;
+		} else {
+			fprintf(stderr, "xsrcd: serving %s (pid %d)\n", fuse_root.c_str(), getpid());
+			fuse.run();
+		}
+		daemon.remove_all_devices();
+		fuse.unmount();
+	}
+	fs::remove_all(sysfs_root, ec);
+	rmdir(fuse_root.c_str());
+	unlink(pidfile.c_str());
+	fprintf(stderr, "xsrcd: stopped\n");
+	return status;
+}
