@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The xsrc device: matching and registration, device and context lifetime, and
+// the pool of completion-channel pipes.
+#include "xsrc.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+int xsrc_make_pipe(pipe_fds &pipe)
+{
+	int fds[2];
+
+	if (pipe2(fds, O_CLOEXEC) < 0)
+		return errno;
+	pipe.rd.reset(fds[0]);
+	pipe.wr.reset(fds[1]);
+	return 0;
+}
+
+// --- the channel pool ------------------------------------------------------
+
+namespace {
+
+// XSRC_CMD_CHANNEL_POOL: registers `fds` (unless both are XSRC_NO_FD) and
+// learns how many registered pipes the daemon has not handed out yet.
+// Returns 0 or errno.
+int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
+{
+	struct request {
+		ib_uverbs_cmd_hdr hdr;
+		xsrc_channel_pool body;
+	};
+	static_assert(sizeof(request) ==
+		      sizeof(ib_uverbs_cmd_hdr) + sizeof(xsrc_channel_pool));
+	xsrc_channel_pool_resp resp{};
+	request cmd{};
+
+	cmd.hdr.command = XSRC_CMD_CHANNEL_POOL;
+	cmd.hdr.in_words = sizeof(cmd) / 4;
+	cmd.hdr.out_words = sizeof(resp) / 4;
+	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
+	cmd.body.fds = fds;
+
+	ssize_t written = write(cmd_fd, &cmd, sizeof(cmd));
+	if (written < 0)
+		return errno;
+	if (static_cast<size_t>(written) != sizeof(cmd))
+		return EIO;
+	free_count = resp.channel_pool_free;
+	return 0;
+}
+
+xsrc_fd_pair fd_pair(const pipe_fds &pipe)
+{
+	return {static_cast<uint32_t>(pipe.rd.get()),
+		static_cast<uint32_t>(pipe.wr.get())};
+}
+
+// Closes the registered read ends the daemon never handed out.
+void channel_pool_drain(xsrc_context *ctx)
+{
+	std::lock_guard guard(ctx->channels.lock);
+	std::vector<int> &fds = ctx->channels.read_fds;
+	uint32_t free_count;
+
+	// Without the daemon's count ours and the application's are
+	// indistinguishable: leak rather than close someone else's fd.
+	if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd,
+			     {XSRC_NO_FD, XSRC_NO_FD}, free_count))
+		return;
+	size_t unused = std::min<size_t>(free_count, fds.size());
+	for (size_t i = fds.size() - unused; i < fds.size(); ++i)
+		close(fds[i]);
+	fds.resize(fds.size() - unused);
+}
+
+} // namespace
+
+void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now)
+{
+	std::lock_guard guard(ctx->channels.lock);
+	std::vector<int> &fds = ctx->channels.read_fds;
+
+	// One registration per missing pipe at most, whatever the daemon says.
+	for (uint32_t count = free_now; count < XSRC_CHANNEL_POOL_TARGET;
+	     ++count) {
+		pipe_fds pipe;
+		uint32_t free_count;
+
+		if (xsrc_make_pipe(pipe))
+			return;
+		try {
+			fds.reserve(fds.size() + 1); // so push_back cannot fail
+		} catch (const std::bad_alloc &) {
+			return;
+		}
+		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, fd_pair(pipe),
+				     free_count))
+			return;
+		fds.push_back(pipe.rd.release()); // the daemon took the write end
+		if (free_count >= XSRC_CHANNEL_POOL_TARGET)
+			return;
+	}
+}
+
+// --- the context -----------------------------------------------------------
+
+namespace {
+
+std::atomic<unsigned int> cmd_file_seq;
+
+// Creates this context's command file in the directory the daemon publishes
+// in sysfs. Returns the fd, or -1 with errno set.
+int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
+{
+	char dir[PATH_MAX];
+	char path[PATH_MAX];
+
+	int len = ibv_read_ibdev_sysfs_file(dir, sizeof(dir), sysfs_dev, "%s",
+					    XSRC_SYSFS_CMD_DIR_FILE);
+	if (len <= 0) {
+		if (len == 0)
+			errno = ENOENT;
+		return -1;
+	}
+	while (len > 0 && dir[len - 1] == '\n')
+		dir[--len] = '\0';
+
+	int n = snprintf(path, sizeof(path), "%s/ctx-%d-%u", dir,
+			 static_cast<int>(getpid()), cmd_file_seq++);
+	if (n < 0 || static_cast<size_t>(n) >= sizeof(path)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	return open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+}
+
+// Undoes the allocation by libibverbs and the in-place construction.
+struct context_deleter {
+	void operator()(xsrc_context *ctx) const noexcept
+	{
+		int saved = errno;
+
+		std::destroy_at(&ctx->channels);
+		verbs_uninit_context(&ctx->ibv_ctx); // closes cmd_fd, async_fd
+		free(ctx);
+		errno = saved;
+	}
+};
+using context_ptr = std::unique_ptr<xsrc_context, context_deleter>;
+
+// Returns 0 or errno. Owns cmd_fd from the start: on failure it is closed.
+int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
+{
+	unique_fd cmd_fd(cmd_fd_arg);
+	unique_fd cmd_file(open_cmd_file(to_xsrc_dev(ibdev)->sysfs_dev));
+
+	if (cmd_file.get() < 0)
+		return errno;
+	// Before the context exists: its ioctl probe must reach the daemon.
+	if (dup3(cmd_file.get(), cmd_fd.get(), O_CLOEXEC) < 0)
+		return errno;
+	cmd_file.reset();
+
+	// Takes cmd_fd, also when it fails.
+	void *mem = _verbs_init_and_alloc_context(ibdev, cmd_fd.release(),
+						  sizeof(xsrc_context), nullptr,
+						  RDMA_DRIVER_UNKNOWN);
+	if (!mem)
+		return errno;
+	auto *raw = static_cast<xsrc_context *>(mem);
+	std::construct_at(&raw->channels);
+	context_ptr ctx(raw);
+
+	pipe_fds async_pipe;
+	std::array<pipe_fds, XSRC_CHANNEL_POOL_TARGET> channel_pipes;
+	if (int err = xsrc_make_pipe(async_pipe))
+		return err;
+	for (pipe_fds &pipe : channel_pipes)
+		if (int err = xsrc_make_pipe(pipe))
+			return err;
+	try {
+		ctx->channels.read_fds.reserve(channel_pipes.size());
+	} catch (const std::bad_alloc &) {
+		return ENOMEM;
+	}
+
+	verbs_drv_buf<struct ibv_get_context, xsrc_get_context_req> cmd;
+	verbs_drv_buf<ib_uverbs_get_context_resp, xsrc_get_context_resp> resp;
+	xsrc_get_context_req &req = cmd.driver();
+	req.num_channel_fds = channel_pipes.size();
+	req.async_fds = fd_pair(async_pipe);
+	for (size_t i = 0; i < channel_pipes.size(); ++i)
+		req.channel_fds[i] = fd_pair(channel_pipes[i]);
+
+	if (int err = ibv_cmd_get_context(&ctx->ibv_ctx, cmd.core(), cmd.size,
+					  resp.core(), resp.size))
+		return err;
+	// libibverbs took async_fd from the response: it must be our pipe.
+	if (ctx->ibv_ctx.context.async_fd != async_pipe.rd.get()) {
+		ctx->ibv_ctx.context.async_fd = -1;
+		return EPROTO;
+	}
+	async_pipe.rd.release();
+	// Our write ends close on return; the daemon has its own copies.
+	for (pipe_fds &pipe : channel_pipes)
+		ctx->channels.read_fds.push_back(pipe.rd.release());
+	ctx->context_id = resp.driver().context_id;
+	ctx->max_inline_data = resp.driver().max_inline_data;
+
+	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
+	*out = ctx.release();
+	return 0;
+}
+
+verbs_context *xsrc_alloc_context(ibv_device *ibdev, int cmd_fd,
+				  void * /* private_data */)
+{
+	xsrc_context *ctx = nullptr;
+
+	if (int err = create_context(ibdev, cmd_fd, &ctx)) {
+		errno = err;
+		return nullptr;
+	}
+	return &ctx->ibv_ctx;
+}
+
+} // namespace
+
+void xsrc_free_context(ibv_context *ibctx)
+{
+	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+
+	channel_pool_drain(ctx);
+	context_deleter{}(ctx);
+}
+
+// --- the device ------------------------------------------------------------
+
+namespace {
+
+verbs_device *xsrc_alloc_device(verbs_sysfs_dev *sysfs_dev)
+{
+	auto *dev = new (std::nothrow) xsrc_device{};
+
+	if (!dev)
+		return nullptr;
+	dev->sysfs_dev = sysfs_dev;
+	return &dev->ibv_dev;
+}
+
+void xsrc_uninit_device(verbs_device *vdev)
+{
+	delete to_xsrc_dev(&vdev->device);
+}
+
+// xsrc devices have no parent bus device: match the device name.
+const verbs_match_ent xsrc_match_table[] = {
+	{.u = {.modalias = "rdma_device:*Nxsrc*"},
+	 .kind = VERBS_MATCH_MODALIAS},
+	{},
+};
+
+const verbs_device_ops xsrc_dev_ops = {
+	.name = "xsrc",
+	.match_min_abi_version = XSRC_DRIVER_ABI_MIN_VERSION,
+	.match_max_abi_version = XSRC_DRIVER_ABI_VERSION,
+	.match_table = xsrc_match_table,
+	.alloc_context = xsrc_alloc_context,
+	.alloc_device = xsrc_alloc_device,
+	.uninit_device = xsrc_uninit_device,
+};
+
+// Runs at dlopen(); the library exports no symbols.
+__attribute__((constructor)) void xsrc_register_driver()
+{
+	verbs_register_driver_34(&xsrc_dev_ops);
+}
+
+} // namespace
