@@ -45,7 +45,7 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
 void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)
 {
 	const PortView &port = dev.view.port;
-	r.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+	r.port_cap_flags = port.port_cap_flags;  // the same values as the sysfs view
 	r.max_msg_sz = DeviceLimits::max_msg_size;
 	r.gid_tbl_len = port.gid_tbl_len;
 	r.pkey_tbl_len = 1;
@@ -53,8 +53,8 @@ void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)
 	r.max_mtu = IBV_MTU_4096;
 	r.active_mtu = static_cast<uint8_t>(port.active_mtu);
 	r.max_vl_num = 1;
-	r.active_width = 2;     // 4X
-	r.active_speed = 32;    // EDR: 4X EDR reads as 100 Gb/s
+	r.active_width = port.active_width;
+	r.active_speed = port.active_speed;
 	r.phys_state = port.active ? 5 : 3;  // LinkUp : Disabled
 	r.link_layer = IBV_LINK_LAYER_ETHERNET;
 }
