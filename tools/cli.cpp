@@ -1,0 +1,51 @@
+#include "cli.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace xsrc::cli {
+
+// libibverbs loads "<RDMAV_DRIVERS entry>-rdmav34.so" for an absolute entry.
+static constexpr const char *kProviderStem = "libxsrc";
+static constexpr const char *kProviderSuffix = "-rdmav34.so";
+
+std::string errno_text(int err)
+{
+	return std::strerror(err);
+}
+
+RunDir RunDir::resolve(const std::string &option)
+{
+	fs::path dir = option;
+	if (dir.empty()) {
+		const char *env = std::getenv("XSRC_RUNDIR");
+		dir = env && *env ? env : kDefaultRunDir;
+	}
+	// The daemon, mountinfo and SYSFS_PATH all need the same absolute spelling.
+	std::error_code ec;
+	fs::path canonical = fs::weakly_canonical(fs::absolute(dir), ec);
+	dir = ec ? fs::absolute(dir).lexically_normal() : canonical;
+	if (!dir.has_filename() && dir.has_relative_path())
+		dir = dir.parent_path();
+	return RunDir{dir};
+}
+
+fs::path self_exe_dir()
+{
+	std::error_code ec;
+	fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+	if (ec)
+		throw CliError("cannot read /proc/self/exe: " + ec.message());
+	return exe.parent_path();
+}
+
+std::string uninstalled_provider_driver()
+{
+	std::error_code ec;
+	fs::path lib = fs::canonical(self_exe_dir() / ".." / "lib", ec);
+	if (ec || !fs::exists(lib / (std::string(kProviderStem) + kProviderSuffix), ec))
+		return {};
+	return (lib / kProviderStem).string();
+}
+
+}  // namespace xsrc::cli

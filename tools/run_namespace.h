@@ -1,0 +1,19 @@
+// `xsrc run`: a private mount namespace in which the device view appears under
+// /sys/class, for programs that read /sys/class/infiniband and ignore SYSFS_PATH.
+#pragma once
+
+#include "cli.h"
+
+namespace xsrc::cli {
+
+// The class directories of the view that replace (or join) the real ones.
+inline constexpr const char *kViewClasses[] = {"infiniband", "infiniband_verbs"};
+
+// Moves the calling process into a new mount namespace whose /sys/class is a
+// tmpfs holding a bind mount of every real class directory plus the view's
+// classes from `view_class_dir` (<rundir>/sysfs/class). The host's namespace
+// is untouched. Throws CliError when that cannot be built; /sys/class is then
+// the real one again.
+void overlay_sys_class(const fs::path &view_class_dir);
+
+}  // namespace xsrc::cli
