@@ -66,11 +66,39 @@ struct xsrc_get_context_resp {
 	__u32 channel_pool_free; /* registered channel pipes not yet handed out */
 };
 
-/* Appended to struct ib_uverbs_create_cq / ib_uverbs_ex_create_cq: nothing
- * yet, but the response carries driver data. */
+/* Appended to struct ib_uverbs_create_cq_resp / ib_uverbs_ex_create_cq_resp
+ * (the request carries no driver data). */
 struct xsrc_create_cq_resp {
 	__u32 comp_mask;
 	__u32 channel_pool_free;
+	__aligned_u64 ring_off;   /* struct xsrc_cq_ring in the device arena */
+};
+
+/* Appended to ib_uverbs_resize_cq_resp: the ring may have moved. */
+struct xsrc_resize_cq_resp {
+	__aligned_u64 ring_off;
+};
+
+/* Appended to ib_uverbs_alloc_pd_resp. */
+struct xsrc_alloc_pd_resp {
+	__u32 pd_id;              /* device-wide id, as in the arena tables */
+	__u32 reserved;
+};
+
+/* Appended to ib_uverbs_create_qp_resp / ib_uverbs_ex_create_qp_resp. The
+ * QP's arena entry is qp table[qpn - XSRC_QPN_BASE]. */
+struct xsrc_create_qp_resp {
+	__u32 comp_mask;
+	__u32 reserved;
+	__aligned_u64 rq_off;     /* struct xsrc_recv_ring, 0 with an SRQ */
+};
+
+/* Appended to ib_uverbs_create_srq_resp (CREATE_SRQ and CREATE_XSRQ). The
+ * SRQ's arena entry is srq table[srqn - XSRC_SRQN_BASE]. */
+struct xsrc_create_srq_resp {
+	__u32 comp_mask;
+	__u32 reserved;
+	__aligned_u64 ring_off;   /* struct xsrc_recv_ring */
 };
 
 /*
@@ -84,6 +112,26 @@ enum {
 	 * (FIFO), so the provider knows that the last channel_pool_free read
 	 * ends it registered are still its own. */
 	XSRC_CMD_CHANNEL_POOL = 0xf0,
+	/* The data path asks the device to raise an event it detected: a
+	 * completion on an armed CQ, a CQ overrun, an SRQ below its limit, a
+	 * QP gone to error. Any context of the device may raise it for any
+	 * object of the device (the initiator completes work on the target's
+	 * queues). No response. */
+	XSRC_CMD_RAISE_EVENT = 0xf1,
+};
+
+enum xsrc_event_kind {
+	XSRC_EVENT_CQ_COMPLETION = 1, /* object = CQ ring offset */
+	XSRC_EVENT_CQ_ERR = 2,        /* object = CQ ring offset */
+	XSRC_EVENT_SRQ_LIMIT = 3,     /* object = SRQN */
+	XSRC_EVENT_QP_FATAL = 4,      /* object = QPN */
+	XSRC_EVENT_QP_LAST_WQE = 5,   /* object = QPN (SRQ QP left in error) */
+};
+
+struct xsrc_raise_event {
+	__u32 kind;           /* enum xsrc_event_kind */
+	__u32 reserved;       /* 0 */
+	__aligned_u64 object;
 };
 
 #define XSRC_NO_FD 0xffffffffu

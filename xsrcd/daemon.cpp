@@ -35,8 +35,8 @@ bool thread_of(pid_t tid, pid_t tgid)
 
 }  // namespace
 
-Daemon::Daemon(std::string sysfs_root, std::string fuse_root)
-	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root))
+Daemon::Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir)
+	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root)), shm_dir_(std::move(shm_dir))
 {
 }
 
@@ -86,6 +86,12 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 	dev->view.driver_abi = XSRC_DRIVER_ABI_VERSION;
 	dev->view.cmd_dir = fuse_root_ + "/" + name;
 	refresh_device_view(*dev);
+	const std::string shm_path = shm_dir_ + "/xsrc-" + name;
+	if (int err = Arena::create(shm_path, dev->arena)) {
+		error = "cannot create the device arena " + shm_path + ": " + strerror(err);
+		return err;
+	}
+	dev->view.shm_path = shm_path;
 	if (int err = devnode_create(index)) {
 		error = std::string("cannot create /dev/infiniband/uverbs") + std::to_string(index) + ": " + strerror(err);
 		return err;
@@ -138,8 +144,10 @@ std::string Daemon::status()
 	std::ostringstream out;
 	for (auto &[name, dev] : devices_) {
 		size_t objects = 0;
-		for (Context *ctx : dev->contexts)
+		for (Context *ctx : dev->contexts) {
+			ctx->prune_closed_channels();
 			objects += ctx->object_count();
+		}
 		out << name << " uverbs" << dev->uverbs_index << " netdev=" << dev->netdev.name
 		    << " port=" << (dev->view.port.active ? "ACTIVE" : "DOWN")
 		    << " contexts=" << dev->contexts.size() << " objects=" << objects << "\n";
@@ -267,8 +275,10 @@ size_t Daemon::object_count()
 {
 	std::lock_guard lock(mu_);
 	size_t n = 0;
-	for (auto &[id, ctx] : contexts_)
+	for (auto &[id, ctx] : contexts_) {
+		ctx->prune_closed_channels();
 		n += ctx->object_count();
+	}
 	return n;
 }
 

@@ -17,9 +17,12 @@
 
 namespace xsrc {
 
+inline constexpr const char *kDefaultShmDir = "/dev/shm";
+
 class Daemon {
 public:
-	Daemon(std::string sysfs_root, std::string fuse_root);
+	// Device arenas are created in `shm_dir` as xsrc-<device>.
+	Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir = kDefaultShmDir);
 	~Daemon();
 
 	// Devices (the control socket). add_device: 0 when created, EEXIST when a
@@ -48,6 +51,7 @@ private:
 	std::mutex mu_;
 	std::string sysfs_root_;
 	std::string fuse_root_;
+	std::string shm_dir_;
 	std::map<std::string, std::unique_ptr<Device>> devices_;
 	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
 	uint64_t next_context_id_ = 1;

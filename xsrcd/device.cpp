@@ -22,7 +22,7 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
 	r.max_qp_wr = L::max_qp_wr;
 	r.device_cap_flags = IBV_DEVICE_CURR_QP_STATE_MOD | IBV_DEVICE_PORT_ACTIVE_EVENT |
 			     IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
-			     IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC;
+			     IBV_DEVICE_XRC;  // no SRQ_RESIZE: an SRQ's ring cannot grow in place
 	r.max_sge = L::max_sge;
 	r.max_sge_rd = L::max_sge;
 	r.max_cq = L::max_cq;

@@ -1,8 +1,10 @@
 // xsrcd: the xsrc device daemon. Plays the kernel's part for xsrc devices:
 // serves the uverbs command ABI through FUSE, owns every object and id,
 // publishes the sysfs view libibverbs discovers devices through.
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,12 +40,24 @@ void request_exit()
 	exit(status);
 }
 
-bool other_daemon_alive(const std::string &pidfile, long &pid)
+// Takes the pid file's lock for the daemon's lifetime: two `xsrc up` at once
+// must not start two daemons. Returns the fd, or -1 if another holds it.
+int lock_pidfile(const std::string &pidfile, long &holder)
 {
-	std::ifstream in(pidfile);
-	if (!(in >> pid) || pid <= 0)
-		return false;
-	return kill(static_cast<pid_t>(pid), 0) == 0 && pid != getpid();
+	int fd = open(pidfile.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		std::ifstream in(pidfile);
+		in >> holder;
+		close(fd);
+		return -1;
+	}
+	std::string pid = std::to_string(getpid()) + "\n";
+	if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+		// the lock is what matters; the content is informational
+	}
+	return fd;
 }
 
 }  // namespace
@@ -73,7 +87,8 @@ int main(int argc, char **argv)
 	std::error_code ec;
 	fs::create_directories(rundir, ec);
 	long other = 0;
-	if (other_daemon_alive(pidfile, other)) {
+	int pid_fd = lock_pidfile(pidfile, other);
+	if (pid_fd < 0) {
 		fprintf(stderr, "xsrcd: already running (pid %ld)\n", other);
 		return 1;
 	}
@@ -87,7 +102,6 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	chmod(rundir.c_str(), 0755);
-	std::ofstream(pidfile) << getpid() << "\n";
 
 	signal(SIGPIPE, SIG_IGN);
 	g_main_thread = pthread_self();
@@ -120,6 +134,7 @@ int main(int argc, char **argv)
 	fs::remove_all(sysfs_root, ec);
 	rmdir(fuse_root.c_str());
 	unlink(pidfile.c_str());
+	close(pid_fd);
 	fprintf(stderr, "xsrcd: stopped\n");
 	return status;
 }

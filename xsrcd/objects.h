@@ -3,16 +3,21 @@
 // guarded by Daemon::mutex(); nothing here locks on its own.
 #pragma once
 
+#include <rdma/ib_user_verbs.h>
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "arena.h"
 #include "caller.h"
 #include "netdev.h"
 #include "sysfs_view.h"
@@ -43,7 +48,7 @@ struct DeviceLimits {
 	static constexpr uint32_t max_inline_data = 512;
 	static constexpr uint32_t max_cq = 16384;
 	static constexpr uint32_t max_cqe = 65535;
-	static constexpr uint32_t max_mr = 65536;
+	static constexpr uint32_t max_mr = XSRC_MR_TABLE_LEN - 1;  // index 0 makes no key
 	static constexpr uint32_t max_pd = 16384;
 	static constexpr uint32_t max_qp_rd_atom = 16;
 	static constexpr uint32_t max_srq = 16384;
@@ -55,8 +60,19 @@ struct DeviceLimits {
 	static constexpr uint32_t num_comp_vectors = 1;
 };
 
+// The arena's tables and WQE format are sized for these limits.
+static_assert(DeviceLimits::max_qp == XSRC_QP_TABLE_LEN);
+static_assert(DeviceLimits::max_srq == XSRC_SRQ_TABLE_LEN);
+static_assert(DeviceLimits::max_mr < XSRC_MR_TABLE_LEN);
+static_assert(DeviceLimits::max_sge <= XSRC_MAX_RECV_SGE);
+static_assert(DeviceLimits::max_msg_size == XSRC_MAX_MSG_SIZE);
+
+// Per-object bookkeeping. Handles (uint32_t) name objects of the same
+// context; the arena holds what other processes need to see.
+
 struct Pd {
-	uint32_t use_count = 0;  // MRs (and later QPs, SRQs, AHs) on this PD
+	uint32_t pd_id = 0;      // device-wide, as in the arena tables
+	uint32_t use_count = 0;  // MRs, QPs, SRQs, AHs on this PD
 };
 
 struct Mr {
@@ -73,16 +89,85 @@ struct Cq {
 	uint64_t user_handle = 0;  // the provider's ibv_cq pointer; events carry it
 	uint32_t cqe = 0;
 	int channel_fd = -1;       // the caller's channel fd number, -1 for none
-	bool armed = false;
-	bool solicited_only = false;
 	uint32_t comp_events_reported = 0;
 	uint32_t async_events_reported = 0;
+	uint64_t ring_off = 0;     // the current xsrc_cq_ring
+	// Rings a RESIZE_CQ replaced: the owner may still drain them, so they live
+	// (and stay known to RAISE_EVENT) as long as the CQ.
+	std::vector<uint64_t> retired_rings;
+	uint32_t use_count = 0;    // QPs completing into it
 };
 
-using Object = std::variant<Pd, Mr, Cq>;
+// The attributes MODIFY_QP sets and QUERY_QP reports.
+struct QpAttributes {
+	ib_uverbs_qp_dest dest{};  // the primary path (RC/UC), from IBV_QP_AV
+	uint32_t qkey = 0;
+	uint32_t rq_psn = 0;
+	uint32_t sq_psn = 0;
+	uint32_t dest_qp_num = 0;
+	uint32_t access_flags = 0;
+	uint16_t pkey_index = 0;
+	uint8_t port_num = 0;
+	uint8_t path_mtu = 0;
+	uint8_t path_mig_state = 0;
+	uint8_t en_sqd_async_notify = 0;
+	uint8_t max_rd_atomic = 0;
+	uint8_t max_dest_rd_atomic = 0;
+	uint8_t min_rnr_timer = 0;
+	uint8_t timeout = 0;
+	uint8_t retry_cnt = 0;
+	uint8_t rnr_retry = 0;
+};
+
+struct QpCaps {
+	uint32_t max_send_wr = 0;
+	uint32_t max_recv_wr = 0;
+	uint32_t max_send_sge = 0;
+	uint32_t max_recv_sge = 0;
+	uint32_t max_inline_data = 0;
+};
+
+struct Qp {
+	uint64_t user_handle = 0;
+	uint8_t qp_type = 0;         // enum ibv_qp_type
+	bool sq_sig_all = false;
+	uint32_t pd_handle = 0;
+	uint32_t send_cq_handle = 0;
+	uint32_t recv_cq_handle = 0;
+	std::optional<uint32_t> srq_handle;
+	uint32_t index = 0;          // QP table slot: qpn = XSRC_QPN_BASE + index
+	uint64_t rq_off = 0;         // own receive ring, 0 with an SRQ
+	QpCaps caps;
+	QpAttributes attr;
+	uint32_t events_reported = 0;   // async events delivered (DESTROY_QP reports it)
+	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
+	uint32_t qpn() const { return XSRC_QPN_BASE + index; }
+};
+
+struct Srq {
+	uint64_t user_handle = 0;
+	uint32_t pd_handle = 0;
+	uint32_t srq_type = 0;       // enum ibv_srq_type
+	uint32_t index = 0;          // SRQ table slot: srqn = XSRC_SRQN_BASE + index
+	uint64_t ring_off = 0;
+	uint32_t max_wr = 0;
+	uint32_t max_sge = 0;
+	uint32_t use_count = 0;      // QPs receiving through it
+	uint32_t events_reported = 0;
+	uint32_t srqn() const { return XSRC_SRQN_BASE + index; }
+};
+
+struct Ah {
+	uint64_t user_handle = 0;
+	uint32_t pd_handle = 0;
+	ib_uverbs_ah_attr attr{};
+};
+
+using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah>;
 
 struct Channel {
 	OwnedFd wr;                // daemon's copy of the pipe's write end
+	OwnedFd rd;                // and of its read end: to take back unread events
 };
 
 struct Device;
@@ -95,18 +180,47 @@ struct Context {
 	std::unique_ptr<ProcessCaller> caller;
 	bool initialised = false;   // GET_CONTEXT done
 	OwnedFd async_wr;
+	OwnedFd async_rd;            // to take back unread events of a destroyed object
 	uint64_t async_events_dropped = 0;
 
-	// Registered channel pipes not yet handed out, FIFO: {caller rd fd, our wr}.
-	std::deque<std::pair<int, OwnedFd>> channel_pool;
+	// Registered channel pipes not yet handed out, FIFO: {caller rd fd, ours}.
+	std::deque<std::pair<int, Channel>> channel_pool;
 	std::map<int, Channel> channels;  // by the caller's fd number
 
 	uint32_t next_handle = 0;
 	std::map<uint32_t, Object> objects;
 
-	// Writes one async event; drops it (and counts) if the pipe is full.
-	void post_async_event(uint64_t element, uint32_t event_type);
+	// Writes one async event. False when it was not delivered (no pipe yet,
+	// or the pipe is full: then it is counted as dropped).
+	bool post_async_event(uint64_t element, uint32_t event_type);
 	size_t object_count() const { return objects.size() + channels.size(); }
+	// Forgets channels whose read end the application no longer holds
+	// (ibv_destroy_comp_channel closes it without telling the device).
+	void prune_closed_channels();
+};
+
+// Names an object of some context of a device (device-wide tables).
+struct ObjectRef {
+	Context *ctx = nullptr;
+	uint32_t handle = 0;
+	explicit operator bool() const { return ctx != nullptr; }
+};
+
+// A fixed-size table of device-wide slots (QP and SRQ numbers). Slots are
+// handed out round robin, so that a number is not reused right away.
+class SlotTable {
+public:
+	explicit SlotTable(uint32_t size) : slots_(size) {}
+	// A free slot for `ref`, or nothing when the table is full.
+	std::optional<uint32_t> allocate(ObjectRef ref);
+	void release(uint32_t index);
+	ObjectRef find(uint64_t index) const { return index < slots_.size() ? slots_[index] : ObjectRef{}; }
+	uint32_t used() const { return used_; }
+
+private:
+	std::vector<ObjectRef> slots_;
+	uint32_t next_ = 0;
+	uint32_t used_ = 0;
 };
 
 struct Device {
@@ -115,9 +229,19 @@ struct Device {
 	NetdevInfo netdev;
 	DeviceView view;
 	std::vector<Context *> contexts;
+	std::unique_ptr<Arena> arena;  // created with the device, removed with it
+
 	uint32_t next_mr_index = 1;
 	uint8_t key_salt = 0;
 	std::map<uint32_t, Mr *> mrs_by_index;  // device-wide MR table (lkey/rkey >> 8)
+
+	uint32_t next_pd_id = 1;
+	std::set<uint32_t> pd_ids;              // in use
+	SlotTable qp_slots{XSRC_QP_TABLE_LEN};
+	SlotTable srq_slots{XSRC_SRQ_TABLE_LEN};
+	std::map<uint64_t, ObjectRef> cqs_by_ring;  // every ring of every CQ -> its CQ
+	// Live objects of each Object alternative, over all contexts (limits).
+	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };
 
 }  // namespace xsrc

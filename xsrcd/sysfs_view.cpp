@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "xsrc-abi.h"
+#include "xsrc-queues.h"
 
 namespace xsrc {
 namespace {
@@ -191,6 +192,7 @@ bool valid_view(const DeviceView &dev)
 	return !n.empty() && n.size() <= kMaxIbdevName && n != "." && n != ".." &&
 	       n.find_first_of("/\n") == std::string::npos &&
 	       dev.cmd_dir.find('\n') == std::string::npos &&
+	       dev.shm_path.find('\n') == std::string::npos &&
 	       dev.port.netdev.size() < IF_NAMESIZE &&
 	       dev.port.netdev.find_first_of("/\n") == std::string::npos &&
 	       dev.port.gid_tbl_len > 0 && dev.port.gid_tbl_len <= 4096;
@@ -289,6 +291,10 @@ int sysfs_view_write(const std::string &root, const DeviceView &dev)
 	for (const auto &[name, content] : files)
 		if (int err = write_file(ib / name, content))
 			return err;
+	int shm_err = dev.shm_path.empty() ? remove_file(ib / XSRC_SYSFS_SHM_FILE)
+					   : write_file(ib / XSRC_SYSFS_SHM_FILE, dev.shm_path + "\n");
+	if (shm_err)
+		return shm_err;
 	if (int err = write_port(ib / "ports" / std::to_string(kPort), dev.port))
 		return err;
 

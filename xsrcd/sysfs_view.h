@@ -28,6 +28,7 @@ struct DeviceView {
 	unsigned driver_abi = 1;    // uverbsN/abi_version
 	uint64_t node_guid = 0;     // host byte order
 	std::string cmd_dir;        // written to class/infiniband/<ibdev>/xsrc_cmd_dir
+	std::string shm_path;       // the arena; class/infiniband/<ibdev>/xsrc_shm_path (none if empty)
 	std::string fw_ver = "1.0.0";
 	PortView port;              // port 1; xsrc devices have one port
 };
@@ -36,7 +37,7 @@ struct DeviceView {
 // `root` (the future SYSFS_PATH): class/infiniband_verbs/abi_version,
 // class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version},
 // class/infiniband/<ibdev>/{node_type,node_guid,sys_image_guid,fw_ver,
-// hw_rev,hca_type,board_id,node_desc,xsrc_cmd_dir,ports/1/...}.
+// hw_rev,hca_type,board_id,node_desc,xsrc_cmd_dir,xsrc_shm_path,ports/1/...}.
 // A file whose content is unchanged is not touched: libibverbs takes the mtime of
 // class/infiniband/<ibdev> as the device's identity, so only a change of a
 // top-level file makes running applications see a new device.

@@ -1,159 +1,17 @@
 // The command decoder and dispatcher, driven in-process: the "caller" is this
-// test process itself, so responses land in our memory and fds come from our
-// own fd table, exactly as they would from a provider.
-#include <fcntl.h>
-#include <infiniband/verbs.h>
-#include <rdma/ib_user_verbs.h>
+// test process itself (command_fixture.h). Context, PD, MR, channel and CQ
+// commands; QPs, SRQs, AHs and events have test files of their own.
 #include <sys/mman.h>
-#include <unistd.h>
 
-#include <cstring>
-#include <gtest/gtest.h>
-#include <vector>
-
-#include "commands.h"
-#include "device.h"
-#include "xsrc-abi.h"
+#include "command_fixture.h"
 
 namespace xsrc {
 namespace {
 
-struct Pipe {
-	int rd = -1, wr = -1;
-	Pipe() { EXPECT_EQ(pipe2(&rd, O_CLOEXEC), 0); }
-	~Pipe()
-	{
-		close(rd);
-		close(wr);
-	}
-	xsrc_fd_pair pair() const { return {uint32_t(rd), uint32_t(wr)}; }
-};
+using test::Pipe;
+using test::Resp;
 
-// A core response followed by driver data, as one buffer (the kernel structs
-// end in flexible arrays, so they cannot be members of a struct).
-template <typename Core, typename Drv>
-struct Resp {
-	alignas(8) unsigned char bytes[sizeof(Core) + sizeof(Drv)] = {};
-	Core core() const { Core c; std::memcpy(&c, bytes, sizeof(c)); return c; }
-	Drv drv() const { Drv d; std::memcpy(&d, bytes + sizeof(Core), sizeof(d)); return d; }
-};
-
-class CommandsTest : public ::testing::Test {
-protected:
-	void SetUp() override
-	{
-		dev.name = "xsrctest0";
-		ASSERT_EQ(netdev_read("lo", dev.netdev), 0);
-		refresh_device_view(dev);
-		ctx.id = 1;
-		ctx.device = &dev;
-		ctx.owner = getpid();
-		ctx.caller = std::make_unique<ProcessCaller>(getpid());
-		ASSERT_TRUE(ctx.caller->valid());
-		dev.contexts.push_back(&ctx);
-	}
-	void TearDown() override { destroy_context_objects(ctx); }
-
-	// A non-extended command: header + core struct + optional driver bytes.
-	template <typename Core>
-	int run(uint32_t command, const Core &core, std::span<const std::byte> driver = {},
-		size_t out_bytes = 0)
-	{
-		std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(Core) + driver.size());
-		ib_uverbs_cmd_hdr hdr{command, uint16_t(buf.size() / 4), uint16_t(out_bytes / 4)};
-		std::memcpy(buf.data(), &hdr, sizeof(hdr));
-		std::memcpy(buf.data() + sizeof(hdr), &core, sizeof(Core));
-		if (!driver.empty())
-			std::memcpy(buf.data() + sizeof(hdr) + sizeof(Core), driver.data(), driver.size());
-		return execute_command(ctx, *ctx.caller, buf);
-	}
-
-	template <typename Core>
-	int run_ex(uint32_t command, const Core &core, void *resp, size_t out_bytes)
-	{
-		std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(ib_uverbs_ex_cmd_hdr) + sizeof(Core));
-		ib_uverbs_cmd_hdr hdr{command | IB_USER_VERBS_CMD_FLAG_EXTENDED, uint16_t(sizeof(Core) / 8),
-				      uint16_t(out_bytes / 8)};
-		ib_uverbs_ex_cmd_hdr ex{};
-		ex.response = reinterpret_cast<uintptr_t>(resp);
-		std::memcpy(buf.data(), &hdr, sizeof(hdr));
-		std::memcpy(buf.data() + sizeof(hdr), &ex, sizeof(ex));
-		std::memcpy(buf.data() + sizeof(hdr) + sizeof(ex), &core, sizeof(Core));
-		return execute_command(ctx, *ctx.caller, buf);
-	}
-
-	int get_context(xsrc_get_context_req &drv, xsrc_get_context_resp *dresp_out = nullptr,
-			ib_uverbs_get_context_resp *resp_out = nullptr)
-	{
-		Resp<ib_uverbs_get_context_resp, xsrc_get_context_resp> resp;
-		ib_uverbs_get_context cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		int err = run(IB_USER_VERBS_CMD_GET_CONTEXT, cmd, std::as_bytes(std::span(&drv, 1)), sizeof(resp));
-		if (dresp_out)
-			*dresp_out = resp.drv();
-		if (resp_out)
-			*resp_out = resp.core();
-		return err;
-	}
-
-	void init_context(size_t channels = 2)
-	{
-		xsrc_get_context_req drv{};
-		drv.async_fds = async.pair();
-		drv.num_channel_fds = uint32_t(channels);
-		for (size_t i = 0; i < channels; ++i)
-			drv.channel_fds[i] = chan[i].pair();
-		ASSERT_EQ(get_context(drv), 0);
-	}
-
-	uint32_t alloc_pd()
-	{
-		ib_uverbs_alloc_pd_resp resp{};
-		ib_uverbs_alloc_pd cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		EXPECT_EQ(run(IB_USER_VERBS_CMD_ALLOC_PD, cmd, {}, sizeof(resp)), 0);
-		return resp.pd_handle;
-	}
-
-	int reg_mr(uint32_t pd, void *addr, size_t len, uint32_t access, ib_uverbs_reg_mr_resp &resp)
-	{
-		ib_uverbs_reg_mr cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		cmd.start = reinterpret_cast<uintptr_t>(addr);
-		cmd.length = len;
-		cmd.hca_va = cmd.start;
-		cmd.pd_handle = pd;
-		cmd.access_flags = access;
-		return run(IB_USER_VERBS_CMD_REG_MR, cmd, {}, sizeof(resp));
-	}
-
-	int create_channel(int &fd)
-	{
-		ib_uverbs_create_comp_channel_resp resp{};
-		ib_uverbs_create_comp_channel cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		int err = run(IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL, cmd, {}, sizeof(resp));
-		fd = int(resp.fd);
-		return err;
-	}
-
-	int create_cq(uint32_t cqe, int channel, uint32_t &handle)
-	{
-		Resp<ib_uverbs_create_cq_resp, xsrc_create_cq_resp> resp;
-		ib_uverbs_create_cq cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		cmd.user_handle = 0x1234;
-		cmd.cqe = cqe;
-		cmd.comp_channel = channel;
-		int err = run(IB_USER_VERBS_CMD_CREATE_CQ, cmd, {}, sizeof(resp));
-		handle = resp.core().cq_handle;
-		return err;
-	}
-
-	Device dev;
-	Context ctx;
-	Pipe async, chan[4];
-};
+class CommandsTest : public test::CommandFixture {};
 
 TEST_F(CommandsTest, RejectsEverythingBeforeGetContext)
 {
@@ -224,11 +82,12 @@ TEST_F(CommandsTest, MalformedHeadersGetEinvalOrEopnotsupp)
 	std::memcpy(buf.data(), &hdr, sizeof(hdr));
 	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EINVAL);  // undefined flag bits
 
-	// Truncated: header says 2 words, the command needs a core struct.
+	// Truncated: header says 2 words, the command needs a core struct
+	// (ENOSPC, as the kernel answers a request shorter than its struct).
 	std::byte hdr_only[8];
 	hdr = {IB_USER_VERBS_CMD_REG_MR, 2, 0};
 	std::memcpy(hdr_only, &hdr, sizeof(hdr));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, hdr_only), EINVAL);
+	EXPECT_EQ(execute_command(ctx, *ctx.caller, hdr_only), ENOSPC);
 
 	// No response expected but out_words given.
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, cmd, {}, 8), EINVAL);
@@ -395,7 +254,11 @@ TEST_F(CommandsTest, CqValidationAndDestroyCounts)
 
 	ib_uverbs_req_notify_cq arm{cq, 0};
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0);
-	EXPECT_TRUE(std::get<Cq>(ctx.objects.at(cq)).armed);
+	auto &ring = arena().at<xsrc_cq_ring>(std::get<Cq>(ctx.objects.at(cq)).ring_off);
+	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_NEXT));
+	arm.solicited_only = 1;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0);
+	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_SOLICITED));
 
 	ib_uverbs_resize_cq_resp rr{};
 	ib_uverbs_resize_cq resize{};
@@ -452,6 +315,148 @@ TEST_F(CommandsTest, DestroyingAContextFreesEverything)
 	EXPECT_EQ(ctx.object_count(), 0u);
 	EXPECT_TRUE(dev.mrs_by_index.empty());
 	EXPECT_TRUE(ctx.channel_pool.empty());
+}
+
+TEST_F(CommandsTest, PdsGetDeviceWideIds)
+{
+	init_context();
+	uint32_t id1 = 0, id2 = 0;
+	uint32_t pd1 = alloc_pd(&id1), pd2 = alloc_pd(&id2);
+	EXPECT_NE(id1, 0u);
+	EXPECT_NE(id1, id2);
+	EXPECT_EQ(std::get<Pd>(ctx.objects.at(pd1)).pd_id, id1);
+	EXPECT_EQ(dev.pd_ids.size(), 2u);
+	ib_uverbs_dealloc_pd dealloc{pd2};
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), 0);
+	EXPECT_EQ(dev.pd_ids.count(id2), 0u);
+	uint32_t id3 = 0;
+	alloc_pd(&id3);
+	EXPECT_NE(id3, id2);  // not reused at once
+}
+
+TEST_F(CommandsTest, MrTableEntriesFollowRegistration)
+{
+	init_context();
+	uint32_t pd_id = 0;
+	uint32_t pd = alloc_pd(&pd_id);
+	std::vector<char> buf(8192);
+	ib_uverbs_reg_mr_resp mr{};
+	uint32_t access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	ASSERT_EQ(reg_mr(pd, buf.data(), buf.size(), access, mr), 0);
+	ASSERT_LT(mr.lkey >> 8, uint32_t(XSRC_MR_TABLE_LEN));
+	const xsrc_mr_entry &e = arena().mr_entry(mr.lkey >> 8);
+	EXPECT_EQ(e.key, mr.lkey);
+	EXPECT_EQ(e.pd_id, pd_id);
+	EXPECT_EQ(e.access, access);
+	EXPECT_EQ(e.owner_pid, uint32_t(getpid()));
+	EXPECT_EQ(e.addr, reinterpret_cast<uintptr_t>(buf.data()));
+	EXPECT_EQ(e.length, buf.size());
+	EXPECT_EQ(e.iova, reinterpret_cast<uintptr_t>(buf.data()));
+
+	ib_uverbs_dereg_mr dereg{mr.mr_handle};
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_DEREG_MR, dereg), 0);
+	EXPECT_EQ(e.key, 0u);
+	EXPECT_EQ(e.addr, 0u);
+}
+
+TEST_F(CommandsTest, CqRingsAreLaidOutForTheDataPath)
+{
+	init_context();
+	uint32_t cq;
+	uint64_t off = 0;
+	ASSERT_EQ(create_cq(100, -1, cq, &off), 0);
+	ASSERT_NE(off, 0u);
+	EXPECT_EQ(off % 4096, 0u);
+	EXPECT_TRUE(arena().allocated(off));
+	auto &ring = arena().at<xsrc_cq_ring>(off);
+	EXPECT_EQ(ring.num_entries, 256u);  // pow2 >= 2 * (100 + 1)
+	EXPECT_EQ(ring.cqe, 100u);
+	EXPECT_EQ(ring.owner_pid, uint32_t(getpid()));
+	EXPECT_EQ(ring.head, 0u);
+	EXPECT_EQ(ring.tail, 0u);
+	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_NONE));
+	auto *slots = reinterpret_cast<xsrc_cqe *>(&ring + 1);
+	for (uint32_t i = 0; i < ring.num_entries; ++i)
+		ASSERT_EQ(slots[i].seq, i);
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
+
+	uint32_t small, big;
+	uint64_t small_off = 0, big_off = 0;
+	ASSERT_EQ(create_cq(1, -1, small, &small_off), 0);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(small_off).num_entries, 64u);  // at least 64
+	ASSERT_EQ(create_cq(DeviceLimits::max_cqe, -1, big, &big_off), 0);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(big_off).num_entries, 65536u);  // capped
+
+	ASSERT_EQ(destroy_cq(cq), 0);
+	EXPECT_FALSE(arena().allocated(off));
+	EXPECT_EQ(dev.cqs_by_ring.count(off), 0u);
+}
+
+TEST_F(CommandsTest, ResizeCqInPlaceOrToANewRing)
+{
+	init_context();
+	uint32_t cq;
+	uint64_t off = 0;
+	ASSERT_EQ(create_cq(16, -1, cq, &off), 0);  // 64 slots
+	auto &ring = arena().at<xsrc_cq_ring>(off);
+	auto resize = [&](uint32_t cqe, uint64_t &new_off) {
+		Resp<ib_uverbs_resize_cq_resp, xsrc_resize_cq_resp> resp;
+		ib_uverbs_resize_cq cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		cmd.cq_handle = cq;
+		cmd.cqe = cqe;
+		int err = run(IB_USER_VERBS_CMD_RESIZE_CQ, cmd, {}, sizeof(resp));
+		new_off = resp.drv().ring_off;
+		if (!err) {
+			EXPECT_EQ(resp.core().cqe, cqe);
+		}
+		return err;
+	};
+	uint64_t got = 0;
+	ASSERT_EQ(resize(63, got), 0);  // still fits 64 slots
+	EXPECT_EQ(got, off);
+	EXPECT_EQ(ring.cqe, 63u);
+
+	// Ten unpolled completions: shrinking below them is refused.
+	ring.tail = 10;
+	EXPECT_EQ(resize(9, got), EINVAL);
+	ASSERT_EQ(resize(10, got), 0);
+
+	ring.armed = XSRC_CQ_ARMED_NEXT;
+	ASSERT_EQ(resize(1000, got), 0);
+	ASSERT_NE(got, off);
+	auto &moved = arena().at<xsrc_cq_ring>(got);
+	EXPECT_EQ(moved.num_entries, 2048u);
+	EXPECT_EQ(moved.cqe, 1000u);
+	EXPECT_EQ(moved.armed, uint32_t(XSRC_CQ_ARMED_NEXT));  // an armed CQ stays armed
+	EXPECT_TRUE(arena().allocated(off));  // the owner still drains the old ring
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
+	EXPECT_EQ(dev.cqs_by_ring.at(got).handle, cq);
+	EXPECT_EQ(resize(0, got), EINVAL);
+	EXPECT_EQ(resize(DeviceLimits::max_cqe + 1, got), EINVAL);
+
+	ASSERT_EQ(destroy_cq(cq), 0);
+	EXPECT_EQ(arena().allocation_count(), 0u);
+	EXPECT_TRUE(dev.cqs_by_ring.empty());
+}
+
+TEST_F(CommandsTest, ExtendedResponsesPutDriverDataAfterTheCallersCoreRoom)
+{
+	init_context(0);
+	// A newer caller with 8 more bytes of core response room than we fill.
+	struct {
+		ib_uverbs_ex_create_cq_resp core;
+		uint64_t newer_field;
+		xsrc_create_cq_resp drv;
+	} resp{};
+	resp.newer_field = ~0ull;
+	ib_uverbs_ex_create_cq cmd{};
+	cmd.cqe = 8;
+	cmd.comp_channel = -1;
+	ASSERT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp.core) + 8, sizeof(resp.drv)), 0);
+	EXPECT_EQ(resp.newer_field, 0u);  // zero-filled, as the kernel does
+	EXPECT_NE(resp.drv.ring_off, 0u);
+	EXPECT_EQ(resp.drv.ring_off, std::get<Cq>(ctx.objects.at(resp.core.base.cq_handle)).ring_off);
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ protected:
 		dev_.driver_abi = 1;
 		dev_.node_guid = 0x021122fffe334455ull;
 		dev_.cmd_dir = "/run/xsrc/fs/xsrc7";
+		dev_.shm_path = "/dev/shm/xsrc-xsrc7";
 		dev_.port.active = true;
 		dev_.port.active_mtu = 5;
 		dev_.port.netdev = "lo";
@@ -103,6 +104,7 @@ TEST_F(SysfsView, WritesExactlyTheExpectedFiles)
 		{ib + "board_id", "xsrc\n"},
 		{ib + "node_desc", std::string(host) + " xsrc7\n"},
 		{ib + "xsrc_cmd_dir", "/run/xsrc/fs/xsrc7\n"},
+		{ib + "xsrc_shm_path", "/dev/shm/xsrc-xsrc7\n"},
 		{p + "state", "4: ACTIVE\n"},
 		{p + "phys_state", "5: LinkUp\n"},
 		{p + "link_layer", "Ethernet\n"},
@@ -284,6 +286,18 @@ TEST_F(SysfsView, UnchangedRefreshKeepsDeviceIdentity)
 	EXPECT_EQ(slurp(ib() / "xsrc_cmd_dir"), "/run/xsrc/fs2/xsrc7\n");
 }
 
+// The arena path is published for the provider; a view without one has no file.
+TEST_F(SysfsView, ShmPathFileFollowsTheView)
+{
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	char buf[256] = {};
+	ASSERT_EQ(ibv_read_sysfs_file(ib().c_str(), "xsrc_shm_path", buf, sizeof(buf)), 19);
+	EXPECT_STREQ(buf, "/dev/shm/xsrc-xsrc7");  // libibverbs strips the newline
+	dev_.shm_path.clear();
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	EXPECT_FALSE(fs::exists(ib() / "xsrc_shm_path"));
+}
+
 // uverbsN/ibdev is written last: a view that failed half way is not enumerated.
 TEST_F(SysfsView, FailedWriteLeavesDeviceInvisible)
 {
@@ -320,6 +334,9 @@ TEST_F(SysfsView, RejectsBadViewsWithoutWriting)
 	EXPECT_EQ(sysfs_view_write(root_, bad), EINVAL);
 	bad = dev_;
 	bad.cmd_dir = "/x\n/y";
+	EXPECT_EQ(sysfs_view_write(root_, bad), EINVAL);
+	bad = dev_;
+	bad.shm_path = "/dev/shm/x\ny";
 	EXPECT_EQ(sysfs_view_write(root_, bad), EINVAL);
 	EXPECT_EQ(sysfs_view_write("", dev_), EINVAL);
 	EXPECT_TRUE(fs::is_empty(root_));

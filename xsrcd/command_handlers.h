@@ -1,0 +1,81 @@
+// Every command handler, by object, and the release functions teardown
+// uses. Each handler validates all of its input before it changes anything.
+// Internal to the command files; commands.cpp holds the dispatch tables.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include "command_support.h"
+
+namespace xsrc {
+
+// context_commands.cpp
+int cmd_get_context(Context &ctx, Caller &caller, const Request &req);
+int cmd_query_device(Context &ctx, Caller &caller, const Request &req);
+int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req);
+int cmd_query_port(Context &ctx, Caller &caller, const Request &req);
+int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req);
+int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req);
+
+// pd_mr_commands.cpp
+int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req);
+int cmd_dealloc_pd(Context &ctx, Caller &caller, const Request &req);
+int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req);
+int cmd_dereg_mr(Context &ctx, Caller &caller, const Request &req);
+void release_pd(Context &ctx, uint32_t handle);
+void release_mr(Context &ctx, uint32_t handle);
+
+// cq_commands.cpp
+int cmd_create_cq(Context &ctx, Caller &caller, const Request &req);
+int cmd_ex_create_cq(Context &ctx, Caller &caller, const Request &req);
+int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req);
+int cmd_destroy_cq(Context &ctx, Caller &caller, const Request &req);
+int cmd_req_notify_cq(Context &ctx, Caller &caller, const Request &req);
+void release_cq(Context &ctx, uint32_t handle);
+
+// qp_commands.cpp
+int cmd_create_qp(Context &ctx, Caller &caller, const Request &req);
+int cmd_ex_create_qp(Context &ctx, Caller &caller, const Request &req);
+int cmd_query_qp(Context &ctx, Caller &caller, const Request &req);
+int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req);
+void release_qp(Context &ctx, uint32_t handle);
+// The state in the arena: the truth, since a provider may move a QP to ERR.
+ibv_qp_state qp_state(Device &dev, const Qp &qp);
+
+// qp_modify.cpp
+int cmd_modify_qp(Context &ctx, Caller &caller, const Request &req);
+int cmd_ex_modify_qp(Context &ctx, Caller &caller, const Request &req);
+// Puts a QP into ERR (a fatal error the data path reported).
+void qp_enter_error(Context &ctx, Qp &qp);
+// IBV_EVENT_QP_LAST_WQE_REACHED for a QP on an SRQ, once per entry into ERR.
+void qp_report_last_wqe(Context &ctx, Qp &qp);
+
+// srq_commands.cpp
+int cmd_create_srq(Context &ctx, Caller &caller, const Request &req);
+int cmd_create_xsrq(Context &ctx, Caller &caller, const Request &req);
+int cmd_modify_srq(Context &ctx, Caller &caller, const Request &req);
+int cmd_query_srq(Context &ctx, Caller &caller, const Request &req);
+int cmd_destroy_srq(Context &ctx, Caller &caller, const Request &req);
+void release_srq(Context &ctx, uint32_t handle);
+
+// ah_commands.cpp
+int cmd_create_ah(Context &ctx, Caller &caller, const Request &req);
+int cmd_destroy_ah(Context &ctx, Caller &caller, const Request &req);
+void release_ah(Context &ctx, uint32_t handle);
+// A valid RoCE source GID index of the device's port.
+bool valid_sgid_index(const Device &dev, uint32_t index);
+
+// events.cpp
+int cmd_raise_event(Context &ctx, Caller &caller, const Request &req);
+// Async events on an object, to its owner's async pipe; counted when delivered.
+void post_qp_event(Context &owner, Qp &qp, ibv_event_type type);
+void post_srq_event(Context &owner, Srq &srq, ibv_event_type type);
+void post_cq_event(Context &owner, Cq &cq, ibv_event_type type);
+// The CQ's user handle to its completion channel; counted when delivered.
+void post_completion_event(Context &owner, Cq &cq);
+// At destroy: events of the object still unread in its pipe, taken back so
+// that the reported counts are what the application read.
+uint32_t reclaim_unread_events(Context &owner, Cq &cq);
+uint32_t reclaim_unread_async_events(Context &owner, uint64_t user_handle, uint32_t reported);
+
+}  // namespace xsrc

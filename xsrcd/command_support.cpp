@@ -1,0 +1,47 @@
+#include "command_support.h"
+
+#include <vector>
+
+namespace xsrc {
+
+int respond(Caller &caller, const Request &req, std::span<const std::byte> core,
+	    std::span<const std::byte> driver)
+{
+	if (!req.response)
+		return EFAULT;
+	if (req.core_resp_len < core.size())
+		return ENOSPC;
+	std::vector<std::byte> out(req.resp_len);
+	std::memcpy(out.data(), core.data(), core.size());
+	size_t driver_at = req.extended ? req.core_resp_len : core.size();
+	if (driver_at < out.size()) {
+		size_t n = std::min(driver.size(), out.size() - driver_at);
+		std::memcpy(out.data() + driver_at, driver.data(), n);
+	}
+	return caller.write_memory(req.response, out);
+}
+
+int insert_object(Context &ctx, Object obj, uint32_t &handle)
+{
+	if (ctx.objects.size() >= (1u << 20))
+		return ENOMEM;
+	while (ctx.objects.count(ctx.next_handle))
+		++ctx.next_handle;
+	handle = ctx.next_handle++;
+	if (ctx.device)
+		++ctx.device->object_counts[obj.index()];
+	ctx.objects.emplace(handle, std::move(obj));
+	return 0;
+}
+
+void erase_object(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	if (it == ctx.objects.end())
+		return;
+	if (ctx.device)
+		--ctx.device->object_counts[it->second.index()];
+	ctx.objects.erase(it);
+}
+
+}  // namespace xsrc

@@ -1,0 +1,103 @@
+// What every command handler uses: the decoded request, response writing,
+// handle lookup, and the object bookkeeping shared across object types.
+// Internal to the command files.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <variant>
+
+#include "caller.h"
+#include "objects.h"
+
+namespace xsrc {
+
+// One decoded write(): the core payload (the kernel struct of the command),
+// the driver data after it, and where the response goes.
+struct Request {
+	std::span<const std::byte> core;    // the core struct (an older extended caller's may be shorter)
+	std::span<const std::byte> driver;  // everything after the core struct
+	uint64_t response = 0;              // caller address, 0 for none
+	size_t core_resp_len = 0;           // room for the core response
+	size_t resp_len = 0;                // room for core + driver response
+	bool extended = false;              // IB_USER_VERBS_CMD_FLAG_EXTENDED
+};
+
+using Handler = int (*)(Context &, Caller &, const Request &);
+
+template <typename T>
+T load(std::span<const std::byte> bytes)
+{
+	T v{};
+	std::memcpy(&v, bytes.data(), std::min(sizeof(T), bytes.size()));
+	return v;
+}
+
+inline bool all_zero(std::span<const std::byte> bytes)
+{
+	return std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == std::byte{0}; });
+}
+
+template <typename T>
+std::span<const std::byte> as_bytes_of(const T &v)
+{
+	return {reinterpret_cast<const std::byte *>(&v), sizeof(T)};
+}
+
+// Writes the core response (and the driver response after it) into the
+// caller's buffer, zero-filling whatever room is left, as the kernel does.
+// The driver response follows the kernel's core struct, or for extended
+// commands the room the caller gave the core response.
+int respond(Caller &caller, const Request &req, std::span<const std::byte> core,
+	    std::span<const std::byte> driver = {});
+
+// Rejects driver data a command does not define: the kernel's
+// ib_is_udata_cleared discipline.
+inline int check_no_driver_data(const Request &req)
+{
+	return all_zero(req.driver) ? 0 : EOPNOTSUPP;
+}
+
+template <typename T>
+T *lookup(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
+}
+
+// The index of T among the Object alternatives.
+template <typename T, typename Variant>
+struct AlternativeIndex;
+template <typename T, typename... Ts>
+struct AlternativeIndex<T, std::variant<Ts...>> {
+	static constexpr size_t value = [] {
+		size_t i = 0;
+		(void)((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
+		return i;
+	}();
+};
+
+template <typename T>
+constexpr size_t object_index()
+{
+	return AlternativeIndex<T, Object>::value;
+}
+
+// Live objects of type T on the device (all contexts).
+template <typename T>
+uint32_t device_object_count(const Device &dev)
+{
+	return dev.object_counts[object_index<T>()];
+}
+
+// Adds an object to the context under a new handle. ENOMEM when full.
+int insert_object(Context &ctx, Object obj, uint32_t &handle);
+// Removes it (no other bookkeeping).
+void erase_object(Context &ctx, uint32_t handle);
+
+}  // namespace xsrc

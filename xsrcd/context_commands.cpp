@@ -1,0 +1,165 @@
+// Context-level commands: GET_CONTEXT, device and port queries, completion
+// channels and the channel-pipe pool.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "command_handlers.h"
+#include "device.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+// Takes the daemon's copy of a pipe's write end after checking that `fds`
+// names the two ends of one pipe in the caller.
+int take_pipe(Caller &caller, const xsrc_fd_pair &fds, OwnedFd &wr, OwnedFd *rd = nullptr)
+{
+	if (fds.rd_fd > INT32_MAX || fds.wr_fd > INT32_MAX || fds.rd_fd == fds.wr_fd)
+		return EINVAL;
+	OwnedFd w(caller.take_fd(static_cast<int>(fds.wr_fd)));
+	if (!w)
+		return EBADF;
+	OwnedFd r(caller.take_fd(static_cast<int>(fds.rd_fd)));
+	if (!r)
+		return EBADF;
+	struct stat ws, rs;
+	if (fstat(w.get(), &ws) || fstat(r.get(), &rs) || !S_ISFIFO(ws.st_mode) ||
+	    ws.st_ino != rs.st_ino || ws.st_dev != rs.st_dev)
+		return EINVAL;
+	if ((fcntl(w.get(), F_GETFL) & O_ACCMODE) != O_WRONLY ||
+	    (fcntl(r.get(), F_GETFL) & O_ACCMODE) != O_RDONLY)
+		return EINVAL;
+	// Never let a full pipe block the daemon.
+	fcntl(w.get(), F_SETFL, O_WRONLY | O_NONBLOCK);
+	wr = std::move(w);
+	if (rd)
+		*rd = std::move(r);  // never O_NONBLOCK: that flag is shared with the application
+	return 0;
+}
+
+}  // namespace
+
+int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
+{
+	if (ctx.initialised)
+		return EINVAL;
+	if (req.driver.size() < sizeof(xsrc_get_context_req))
+		return EINVAL;
+	auto drv = load<xsrc_get_context_req>(req.driver);
+	if (drv.comp_mask)
+		return EOPNOTSUPP;
+	if (!all_zero(req.driver.subspan(sizeof(drv))))
+		return EOPNOTSUPP;
+	if (drv.num_channel_fds > XSRC_MAX_CHANNEL_FDS)
+		return EINVAL;
+
+	OwnedFd async_wr, async_rd;
+	if (int err = take_pipe(caller, drv.async_fds, async_wr, &async_rd))
+		return err;
+	std::deque<std::pair<int, Channel>> pool;
+	for (uint32_t i = 0; i < drv.num_channel_fds; ++i) {
+		OwnedFd wr;
+		OwnedFd rd;
+		if (int err = take_pipe(caller, drv.channel_fds[i], wr, &rd))
+			return err;
+		pool.emplace_back(static_cast<int>(drv.channel_fds[i].rd_fd), Channel{std::move(wr), std::move(rd)});
+	}
+
+	ib_uverbs_get_context_resp resp{};
+	resp.async_fd = drv.async_fds.rd_fd;
+	resp.num_comp_vectors = DeviceLimits::num_comp_vectors;
+	xsrc_get_context_resp dresp{};
+	dresp.driver_abi = XSRC_DRIVER_ABI_VERSION;
+	dresp.context_id = ctx.id;
+	dresp.max_inline_data = DeviceLimits::max_inline_data;
+	dresp.channel_pool_free = static_cast<uint32_t>(pool.size());
+	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp)))
+		return err;
+
+	ctx.async_wr = std::move(async_wr);
+	ctx.async_rd = std::move(async_rd);
+	ctx.channel_pool = std::move(pool);
+	ctx.initialised = true;
+	return 0;
+}
+
+int cmd_query_device(Context &ctx, Caller &caller, const Request &req)
+{
+	if (int err = check_no_driver_data(req))
+		return err;
+	ib_uverbs_query_device_resp resp{};
+	fill_query_device(*ctx.device, resp);
+	return respond(caller, req, as_bytes_of(resp));
+}
+
+int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_ex_query_device>(req.core);
+	if (cmd.comp_mask || cmd.reserved)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	ib_uverbs_ex_query_device_resp resp{};
+	fill_query_device(*ctx.device, resp.base);
+	resp.device_cap_flags_ex = resp.base.device_cap_flags;
+	// Older callers have less room; response_length says how much is valid.
+	constexpr size_t min_len = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
+	if (req.core_resp_len < min_len)
+		return ENOSPC;
+	resp.response_length = static_cast<uint32_t>(std::min(sizeof(resp), req.core_resp_len));
+	return respond(caller, req, as_bytes_of(resp).first(resp.response_length));
+}
+
+int cmd_query_port(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_query_port>(req.core);
+	if (cmd.port_num != 1)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	ib_uverbs_query_port_resp resp{};
+	fill_query_port(*ctx.device, resp);
+	return respond(caller, req, as_bytes_of(resp));
+}
+
+int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req)
+{
+	if (ctx.channel_pool.empty() || ctx.channels.size() >= DeviceLimits::max_comp_channels_per_context)
+		return EMFILE;
+	ib_uverbs_create_comp_channel_resp resp{};
+	resp.fd = static_cast<uint32_t>(ctx.channel_pool.front().first);
+	if (int err = respond(caller, req, as_bytes_of(resp)))
+		return err;
+	auto [rd, channel] = std::move(ctx.channel_pool.front());
+	ctx.channel_pool.pop_front();
+	ctx.channels[rd] = std::move(channel);
+	return 0;
+}
+
+int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<xsrc_channel_pool>(req.core);
+	if (cmd.comp_mask)
+		return EOPNOTSUPP;
+	if (cmd.reserved)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	bool query_only = cmd.fds.rd_fd == XSRC_NO_FD && cmd.fds.wr_fd == XSRC_NO_FD;
+	OwnedFd wr, rd;
+	if (!query_only) {
+		if (ctx.channel_pool.size() >= 4 * XSRC_MAX_CHANNEL_FDS)
+			return EMFILE;
+		if (int err = take_pipe(caller, cmd.fds, wr, &rd))
+			return err;
+	}
+	xsrc_channel_pool_resp resp{};
+	resp.channel_pool_free = static_cast<uint32_t>(ctx.channel_pool.size() + !query_only);
+	if (int err = respond(caller, req, as_bytes_of(resp)))
+		return err;
+	if (!query_only)
+		ctx.channel_pool.emplace_back(static_cast<int>(cmd.fds.rd_fd), Channel{std::move(wr), std::move(rd)});
+	return 0;
+}
+
+}  // namespace xsrc

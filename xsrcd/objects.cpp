@@ -1,0 +1,76 @@
+#include "objects.h"
+
+#include <sys/stat.h>
+
+#include <unistd.h>
+
+namespace xsrc {
+
+OwnedFd &OwnedFd::operator=(OwnedFd &&o) noexcept
+{
+	if (this != &o) {
+		if (fd_ >= 0)
+			close(fd_);
+		fd_ = o.release();
+	}
+	return *this;
+}
+
+OwnedFd::~OwnedFd()
+{
+	if (fd_ >= 0)
+		close(fd_);
+}
+
+void Context::prune_closed_channels()
+{
+	if (!caller)
+		return;
+	for (auto it = channels.begin(); it != channels.end();) {
+		OwnedFd theirs(caller->take_fd(it->first));
+		struct stat a, b;
+		bool same = theirs && it->second.rd && fstat(theirs.get(), &a) == 0 &&
+			    fstat(it->second.rd.get(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+		bool in_use = false;
+		for (auto &[h, obj] : objects)
+			if (auto *cq = std::get_if<Cq>(&obj); cq && cq->channel_fd == it->first)
+				in_use = true;
+		it = same || in_use ? std::next(it) : channels.erase(it);
+	}
+}
+
+bool Context::post_async_event(uint64_t element, uint32_t event_type)
+{
+	ib_uverbs_async_event_desc ev{};
+	ev.element = element;
+	ev.event_type = event_type;
+	if (!async_wr)
+		return false;
+	if (write(async_wr.get(), &ev, sizeof(ev)) == sizeof(ev))
+		return true;
+	++async_events_dropped;
+	return false;
+}
+
+std::optional<uint32_t> SlotTable::allocate(ObjectRef ref)
+{
+	if (used_ >= slots_.size())
+		return std::nullopt;
+	while (slots_[next_])
+		next_ = (next_ + 1) % slots_.size();
+	uint32_t index = next_;
+	next_ = (next_ + 1) % slots_.size();
+	slots_[index] = ref;
+	++used_;
+	return index;
+}
+
+void SlotTable::release(uint32_t index)
+{
+	if (index < slots_.size() && slots_[index]) {
+		slots_[index] = {};
+		--used_;
+	}
+}
+
+}  // namespace xsrc

@@ -1,0 +1,167 @@
+// Protection domains and memory regions: device-wide PD ids and the arena's
+// MR table, against which the data path checks every key.
+#include "command_handlers.h"
+#include "rings.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+constexpr uint32_t kPdIdLimit = 1u << 24;
+
+constexpr uint32_t kSupportedAccess =
+	IB_UVERBS_ACCESS_LOCAL_WRITE | IB_UVERBS_ACCESS_REMOTE_WRITE |
+	IB_UVERBS_ACCESS_REMOTE_READ | IB_UVERBS_ACCESS_REMOTE_ATOMIC |
+	IB_UVERBS_ACCESS_ZERO_BASED | IB_UVERBS_ACCESS_HUGETLB |
+	IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+
+// Ids count up and wrap, so that a freed id is not reused at once.
+uint32_t allocate_pd_id(Device &dev)
+{
+	uint32_t id = dev.next_pd_id;
+	while (id == 0 || id >= kPdIdLimit || dev.pd_ids.count(id))
+		id = id >= kPdIdLimit - 1 ? 1 : id + 1;
+	dev.next_pd_id = id + 1;
+	dev.pd_ids.insert(id);
+	return id;
+}
+
+// MR table indices; keys are (index << 8 | salt), as HCAs build them, so a
+// stale key whose index was reused by a later MR still misses.
+uint32_t allocate_mr_index(Device &dev)
+{
+	uint32_t index = dev.next_mr_index;
+	while (index == 0 || index >= XSRC_MR_TABLE_LEN || dev.mrs_by_index.count(index))
+		index = index >= XSRC_MR_TABLE_LEN - 1 ? 1 : index + 1;
+	dev.next_mr_index = index + 1;
+	return index;
+}
+
+void publish_mr(Context &ctx, const Mr &mr, uint32_t pd_id)
+{
+	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr.lkey >> 8);
+	e.pd_id = pd_id;
+	e.access = mr.access;
+	e.owner_pid = static_cast<__u32>(ctx.owner);
+	e.addr = mr.addr;
+	e.length = mr.length;
+	e.iova = mr.iova;
+	e.reserved = 0;
+	store_release<__u32>(e.key, mr.lkey);  // last: the entry is complete
+}
+
+}  // namespace
+
+int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req)
+{
+	if (int err = check_no_driver_data(req))
+		return err;
+	Device &dev = *ctx.device;
+	if (dev.pd_ids.size() >= DeviceLimits::max_pd)
+		return ENOMEM;
+	uint32_t pd_id = allocate_pd_id(dev);
+	ib_uverbs_alloc_pd_resp resp{};
+	if (int err = insert_object(ctx, Pd{pd_id, 0}, resp.pd_handle)) {
+		dev.pd_ids.erase(pd_id);
+		return err;
+	}
+	xsrc_alloc_pd_resp dresp{};
+	dresp.pd_id = pd_id;
+	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp))) {
+		release_pd(ctx, resp.pd_handle);
+		return err;
+	}
+	return 0;
+}
+
+void release_pd(Context &ctx, uint32_t handle)
+{
+	Pd *pd = lookup<Pd>(ctx, handle);
+	if (!pd)
+		return;
+	if (ctx.device)
+		ctx.device->pd_ids.erase(pd->pd_id);
+	erase_object(ctx, handle);
+}
+
+int cmd_dealloc_pd(Context &ctx, Caller &, const Request &req)
+{
+	auto cmd = load<ib_uverbs_dealloc_pd>(req.core);
+	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
+	if (!pd)
+		return EINVAL;
+	if (pd->use_count)
+		return EBUSY;
+	release_pd(ctx, cmd.pd_handle);
+	return 0;
+}
+
+int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_reg_mr>(req.core);
+	if (int err = check_no_driver_data(req))
+		return err;
+	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
+	if (!pd)
+		return EINVAL;
+	if (cmd.access_flags & ~kSupportedAccess)
+		return EOPNOTSUPP;  // memory windows, on-demand paging
+	// IBTA o10-37: remote write or atomic access requires local write.
+	if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
+	    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
+		return EINVAL;
+	if (cmd.length == 0 || cmd.start + cmd.length < cmd.start)
+		return EINVAL;
+	Device &dev = *ctx.device;
+	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr)
+		return ENOMEM;
+	bool writable = cmd.access_flags & (IB_UVERBS_ACCESS_LOCAL_WRITE |
+					    IB_UVERBS_ACCESS_REMOTE_WRITE |
+					    IB_UVERBS_ACCESS_REMOTE_ATOMIC);
+	if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
+		return err;
+
+	uint32_t index = allocate_mr_index(dev);
+	uint32_t key = index << 8 | dev.key_salt++;
+	Mr mr{cmd.pd_handle, cmd.start, cmd.length, cmd.hca_va, cmd.access_flags, key, key};
+	ib_uverbs_reg_mr_resp resp{};
+	if (int err = insert_object(ctx, mr, resp.mr_handle))
+		return err;
+	resp.lkey = key;
+	resp.rkey = key;
+	if (int err = respond(caller, req, as_bytes_of(resp))) {
+		erase_object(ctx, resp.mr_handle);
+		return err;
+	}
+	dev.mrs_by_index[index] = lookup<Mr>(ctx, resp.mr_handle);
+	++pd->use_count;
+	publish_mr(ctx, mr, pd->pd_id);
+	return 0;
+}
+
+void release_mr(Context &ctx, uint32_t handle)
+{
+	Mr *mr = lookup<Mr>(ctx, handle);
+	if (!mr)
+		return;
+	if (Device *dev = ctx.device) {
+		xsrc_mr_entry &e = dev->arena->mr_entry(mr->lkey >> 8);
+		store_release<__u32>(e.key, 0);  // first: no new access passes the check
+		e = xsrc_mr_entry{};
+		dev->mrs_by_index.erase(mr->lkey >> 8);
+	}
+	if (Pd *pd = lookup<Pd>(ctx, mr->pd_handle))
+		--pd->use_count;
+	erase_object(ctx, handle);
+}
+
+int cmd_dereg_mr(Context &ctx, Caller &, const Request &req)
+{
+	auto cmd = load<ib_uverbs_dereg_mr>(req.core);
+	if (!lookup<Mr>(ctx, cmd.mr_handle))
+		return EINVAL;
+	release_mr(ctx, cmd.mr_handle);
+	return 0;
+}
+
+}  // namespace xsrc

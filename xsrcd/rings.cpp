@@ -1,0 +1,109 @@
+#include "rings.h"
+
+#include <algorithm>
+
+#include "objects.h"
+
+namespace xsrc {
+namespace {
+
+constexpr uint32_t kMinCqEntries = 64;
+constexpr uint32_t kSlotAlign = 64;
+
+static_assert(sizeof(xsrc_cq_ring) % kSlotAlign == 0, "CQEs follow the ring header 64-byte aligned");
+static_assert(sizeof(xsrc_recv_ring) % kSlotAlign == 0, "WQEs follow the ring header 64-byte aligned");
+static_assert(sizeof(xsrc_cqe) == 64, "one CQE per cache line");
+
+xsrc_cqe *cq_slots(xsrc_cq_ring &ring)
+{
+	return reinterpret_cast<xsrc_cqe *>(&ring + 1);
+}
+
+xsrc_recv_wqe &recv_slot(xsrc_recv_ring &ring, uint32_t i)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(&ring + 1);
+	return *reinterpret_cast<xsrc_recv_wqe *>(slots + uint64_t(i) * ring.stride);
+}
+
+}  // namespace
+
+uint64_t pow2_at_least(uint64_t v)
+{
+	uint64_t p = 1;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+uint32_t cq_ring_entries(uint32_t cqe)
+{
+	uint64_t cap = pow2_at_least(uint64_t(DeviceLimits::max_cqe) + 1);
+	uint64_t want = std::max<uint64_t>(pow2_at_least(2 * (uint64_t(cqe) + 1)), kMinCqEntries);
+	return static_cast<uint32_t>(std::min(want, cap));
+}
+
+uint64_t cq_ring_bytes(uint32_t entries)
+{
+	return sizeof(xsrc_cq_ring) + uint64_t(entries) * sizeof(xsrc_cqe);
+}
+
+void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner)
+{
+	ring.num_entries = entries;
+	ring.cqe = cqe;
+	ring.owner_pid = static_cast<__u32>(owner);
+	xsrc_cqe *slots = cq_slots(ring);
+	for (uint32_t i = 0; i < entries; ++i)
+		store_release<__u64>(slots[i].seq, i);
+	store_release<__u64>(ring.head, 0);
+	store_release<__u64>(ring.tail, 0);
+	store_release<__u32>(ring.armed, XSRC_CQ_ARMED_NONE);
+}
+
+uint64_t cq_ring_pending(xsrc_cq_ring &ring)
+{
+	return load_acquire(ring.tail) - load_acquire(ring.head);
+}
+
+uint32_t recv_ring_entries(uint32_t max_wr)
+{
+	return static_cast<uint32_t>(std::max<uint64_t>(pow2_at_least(uint64_t(max_wr) + 1), 2));
+}
+
+uint32_t recv_ring_stride(uint32_t max_sge)
+{
+	uint32_t bytes = sizeof(xsrc_recv_wqe) + max_sge * sizeof(xsrc_sge);
+	return (bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+}
+
+uint64_t recv_ring_bytes(uint32_t entries, uint32_t stride)
+{
+	return sizeof(xsrc_recv_ring) + uint64_t(entries) * stride;
+}
+
+void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uint32_t max_sge,
+		    pid_t owner)
+{
+	ring.num_entries = entries;
+	ring.stride = recv_ring_stride(max_sge);
+	ring.max_wr = max_wr;
+	ring.max_sge = max_sge;
+	ring.owner_pid = static_cast<__u32>(owner);
+	store_release<__u32>(ring.srq_limit, 0);
+	recv_ring_reset(ring);
+}
+
+void recv_ring_reset(xsrc_recv_ring &ring)
+{
+	store_release<__u64>(ring.tail, 0);
+	store_release<__u64>(ring.head, 0);
+	for (uint32_t i = 0; i < ring.num_entries; ++i)
+		store_release<__u64>(recv_slot(ring, i).seq, i);
+}
+
+uint64_t recv_ring_pending(xsrc_recv_ring &ring)
+{
+	return load_acquire(ring.tail) - load_acquire(ring.head);
+}
+
+}  // namespace xsrc

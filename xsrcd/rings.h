@@ -1,0 +1,57 @@
+// Sizing and initialisation of the rings the daemon creates in an arena (CQ
+// rings, receive rings of QPs and SRQs), and the atomic accesses the daemon
+// makes to shared fields. The data path's side lives in the provider.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "xsrc-queues.h"
+
+namespace xsrc {
+
+// Fields marked "atomic" in xsrc-queues.h are written and read only through these.
+template <typename T>
+void store_release(T &field, T value)
+{
+	std::atomic_ref<T>(field).store(value, std::memory_order_release);
+}
+
+template <typename T>
+T load_acquire(T &field)
+{
+	return std::atomic_ref<T>(field).load(std::memory_order_acquire);
+}
+
+// Smallest power of two >= v (v >= 1).
+uint64_t pow2_at_least(uint64_t v);
+
+// --- CQ rings --------------------------------------------------------------
+
+// Slots for a CQ of `cqe` entries: a power of two >= 2 * (cqe + 1), at least
+// 64, but no more than the power of two that holds the device's largest CQ.
+uint32_t cq_ring_entries(uint32_t cqe);
+uint64_t cq_ring_bytes(uint32_t entries);
+// Initialises zeroed memory: slot i's seq = i, head = tail = 0, not armed.
+void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner);
+// Completions produced and not yet consumed.
+uint64_t cq_ring_pending(xsrc_cq_ring &ring);
+
+// --- receive rings (QP receive queues, SRQs) --------------------------------
+
+// A power of two >= max_wr + 1, at least 2.
+uint32_t recv_ring_entries(uint32_t max_wr);
+// sizeof(xsrc_recv_wqe) + max_sge SGEs, rounded up to 64 bytes.
+uint32_t recv_ring_stride(uint32_t max_sge);
+uint64_t recv_ring_bytes(uint32_t entries, uint32_t stride);
+// Initialises zeroed memory: slot i's seq = i, head = tail = 0, no SRQ limit.
+void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uint32_t max_sge,
+		    pid_t owner);
+// Empties a ring in place (a QP that goes to RESET loses its posted WQEs).
+void recv_ring_reset(xsrc_recv_ring &ring);
+// WQEs posted and not yet consumed.
+uint64_t recv_ring_pending(xsrc_recv_ring &ring);
+
+}  // namespace xsrc

@@ -1,0 +1,200 @@
+// Shared receive queues: an SRQ table slot and a receive ring in the arena
+// that the owner posts to and initiators in any process consume from.
+#include <cstring>
+
+#include "command_handlers.h"
+#include "rings.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+struct SrqInit {
+	uint64_t user_handle = 0;
+	uint32_t pd_handle = 0;
+	uint32_t max_wr = 0;
+	uint32_t max_sge = 0;
+};
+
+void publish_srq(Context &ctx, const Srq &srq, const Pd &pd)
+{
+	xsrc_srq_entry &e = ctx.device->arena->srq_entry(srq.index);
+	e.owner_pid = static_cast<__u32>(ctx.owner);
+	e.owner_context = ctx.id;
+	e.ring_off = srq.ring_off;
+	e.cq_off = 0;
+	e.pd_id = pd.pd_id;
+	e.xrcd_id = 0;
+	e.srq_type = srq.srq_type;
+	e.reserved = 0;
+	store_release<__u32>(e.srqn, srq.srqn());  // last: the entry is complete
+}
+
+// Shared by CREATE_SRQ and CREATE_XSRQ (basic SRQs). The SRQ limit of the
+// request is ignored, as verbs defines it: a new SRQ is not armed.
+int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &init)
+{
+	Pd *pd = lookup<Pd>(ctx, init.pd_handle);
+	if (!pd)
+		return EINVAL;
+	if (init.max_wr == 0 || init.max_wr > DeviceLimits::max_srq_wr || init.max_sge > DeviceLimits::max_sge)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	Device &dev = *ctx.device;
+	if (dev.srq_slots.used() >= DeviceLimits::max_srq)
+		return ENOMEM;
+	uint32_t entries = recv_ring_entries(init.max_wr);
+	uint64_t ring_off = dev.arena->allocate(recv_ring_bytes(entries, recv_ring_stride(init.max_sge)));
+	if (!ring_off)
+		return ENOMEM;
+	recv_ring_init(dev.arena->at<xsrc_recv_ring>(ring_off), entries, init.max_wr, init.max_sge, ctx.owner);
+
+	Srq srq;
+	srq.user_handle = init.user_handle;
+	srq.pd_handle = init.pd_handle;
+	srq.srq_type = IBV_SRQT_BASIC;
+	srq.ring_off = ring_off;
+	srq.max_wr = init.max_wr;
+	srq.max_sge = init.max_sge;
+	uint32_t handle;
+	if (int err = insert_object(ctx, srq, handle)) {
+		dev.arena->release(ring_off);
+		return err;
+	}
+	std::optional<uint32_t> index = dev.srq_slots.allocate({&ctx, handle});
+	if (!index) {
+		erase_object(ctx, handle);
+		dev.arena->release(ring_off);
+		return ENOMEM;
+	}
+	Srq &created = *lookup<Srq>(ctx, handle);
+	created.index = *index;
+	++pd->use_count;
+
+	ib_uverbs_create_srq_resp resp{};
+	resp.srq_handle = handle;
+	resp.max_wr = created.max_wr;
+	resp.max_sge = created.max_sge;
+	resp.srqn = created.srqn();
+	xsrc_create_srq_resp dresp{};
+	dresp.ring_off = ring_off;
+	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp))) {
+		release_srq(ctx, handle);
+		return err;
+	}
+	publish_srq(ctx, created, *pd);
+	return 0;
+}
+
+}  // namespace
+
+int cmd_create_srq(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_create_srq>(req.core);
+	return create_srq(ctx, caller, req, {cmd.user_handle, cmd.pd_handle, cmd.max_wr, cmd.max_sge});
+}
+
+int cmd_create_xsrq(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_create_xsrq>(req.core);
+	switch (cmd.srq_type) {
+	case IBV_SRQT_BASIC:
+		break;  // the XRC domain, CQ and tag fields do not apply
+	case IBV_SRQT_XRC:
+	case IBV_SRQT_TM:
+		return EOPNOTSUPP;
+	default:
+		return EINVAL;
+	}
+	return create_srq(ctx, caller, req, {cmd.user_handle, cmd.pd_handle, cmd.max_wr, cmd.max_sge});
+}
+
+// IBV_SRQ_LIMIT arms (or with 0 disarms) the limit event. IBV_SRQ_MAX_WR may
+// move the limit of outstanding WQEs within the ring the SRQ was created
+// with; a larger ring would have to move under live consumers in other
+// processes, so growing beyond it is not supported.
+int cmd_modify_srq(Context &ctx, Caller &, const Request &req)
+{
+	auto cmd = load<ib_uverbs_modify_srq>(req.core);
+	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
+	if (!srq)
+		return EINVAL;
+	if (cmd.attr_mask & ~static_cast<uint32_t>(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	xsrc_recv_ring &ring = ctx.device->arena->at<xsrc_recv_ring>(srq->ring_off);
+	uint32_t max_wr = srq->max_wr;
+	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
+		if (cmd.max_wr == 0 || cmd.max_wr > DeviceLimits::max_srq_wr)
+			return EINVAL;
+		if (cmd.max_wr >= ring.num_entries)
+			return EOPNOTSUPP;
+		if (cmd.max_wr < recv_ring_pending(ring))
+			return EINVAL;
+		max_wr = cmd.max_wr;
+	}
+	if ((cmd.attr_mask & IBV_SRQ_LIMIT) && cmd.srq_limit > max_wr)
+		return EINVAL;
+
+	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
+		srq->max_wr = max_wr;
+		store_release<__u32>(ring.max_wr, max_wr);
+	}
+	if (cmd.attr_mask & IBV_SRQ_LIMIT)
+		store_release<__u32>(ring.srq_limit, cmd.srq_limit);
+	return 0;
+}
+
+int cmd_query_srq(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_query_srq>(req.core);
+	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
+	if (!srq)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	xsrc_recv_ring &ring = ctx.device->arena->at<xsrc_recv_ring>(srq->ring_off);
+	ib_uverbs_query_srq_resp resp{};
+	resp.max_wr = srq->max_wr;
+	resp.max_sge = srq->max_sge;
+	resp.srq_limit = load_acquire(ring.srq_limit);
+	return respond(caller, req, as_bytes_of(resp));
+}
+
+void release_srq(Context &ctx, uint32_t handle)
+{
+	Srq *srq = lookup<Srq>(ctx, handle);
+	if (!srq)
+		return;
+	if (Device *dev = ctx.device) {
+		xsrc_srq_entry &e = dev->arena->srq_entry(srq->index);
+		store_release<__u32>(e.srqn, 0);  // first: peers stop using it
+		std::memset(reinterpret_cast<unsigned char *>(&e) + sizeof(e.srqn), 0, sizeof(e) - sizeof(e.srqn));
+		dev->arena->release(srq->ring_off);
+		dev->srq_slots.release(srq->index);
+	}
+	if (Pd *pd = lookup<Pd>(ctx, srq->pd_handle))
+		--pd->use_count;
+	erase_object(ctx, handle);
+}
+
+int cmd_destroy_srq(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_destroy_srq>(req.core);
+	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
+	if (!srq)
+		return EINVAL;
+	if (srq->use_count)
+		return EBUSY;
+	ib_uverbs_destroy_srq_resp resp{};
+	resp.events_reported = srq->events_reported -
+		reclaim_unread_async_events(ctx, srq->user_handle, srq->events_reported);
+	if (int err = respond(caller, req, as_bytes_of(resp)))
+		return err;
+	release_srq(ctx, cmd.srq_handle);
+	return 0;
+}
+
+}  // namespace xsrc
