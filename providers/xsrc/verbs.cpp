@@ -95,177 +95,6 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 	return 0;
 }
 
-// --- completion queues -----------------------------------------------------
-
-// The shared-memory CQ ring arrives with the data path; until then a CQ never
-// holds a completion.
-int xsrc_poll_cq(ibv_cq *, int, ibv_wc *)
-{
-	return 0;
-}
-
-int xsrc_start_poll(ibv_cq_ex *, ibv_poll_cq_attr *attr)
-{
-	return attr->comp_mask ? EINVAL : ENOENT;
-}
-
-int xsrc_next_poll(ibv_cq_ex *)
-{
-	return ENOENT;
-}
-
-void xsrc_end_poll(ibv_cq_ex *)
-{
-}
-
-// Readers of the completion start_poll/next_poll stepped onto; only the
-// IBV_WC_STANDARD_FLAGS fields are offered.
-ibv_wc_opcode xsrc_read_opcode(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.opcode;
-}
-uint32_t xsrc_read_vendor_err(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.vendor_err;
-}
-uint32_t xsrc_read_byte_len(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.byte_len;
-}
-__be32 xsrc_read_imm_data(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.imm_data;
-}
-uint32_t xsrc_read_qp_num(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.qp_num;
-}
-uint32_t xsrc_read_src_qp(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.src_qp;
-}
-unsigned int xsrc_read_wc_flags(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.wc_flags;
-}
-uint32_t xsrc_read_slid(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.slid;
-}
-uint8_t xsrc_read_sl(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.sl;
-}
-uint8_t xsrc_read_dlid_path_bits(ibv_cq_ex *cq)
-{
-	return to_xsrc_cq(cq)->polled.dlid_path_bits;
-}
-
-void set_poll_ops(ibv_cq_ex &cq)
-{
-	cq.start_poll = xsrc_start_poll;
-	cq.next_poll = xsrc_next_poll;
-	cq.end_poll = xsrc_end_poll;
-	cq.read_opcode = xsrc_read_opcode;
-	cq.read_vendor_err = xsrc_read_vendor_err;
-	cq.read_byte_len = xsrc_read_byte_len;
-	cq.read_imm_data = xsrc_read_imm_data;
-	cq.read_qp_num = xsrc_read_qp_num;
-	cq.read_src_qp = xsrc_read_src_qp;
-	cq.read_wc_flags = xsrc_read_wc_flags;
-	cq.read_slid = xsrc_read_slid;
-	cq.read_sl = xsrc_read_sl;
-	cq.read_dlid_path_bits = xsrc_read_dlid_path_bits;
-}
-
-using create_cq_resp =
-	verbs_drv_buf<ib_uverbs_create_cq_resp, xsrc_create_cq_resp>;
-using create_cq_ex_resp =
-	verbs_drv_buf<ib_uverbs_ex_create_cq_resp, xsrc_create_cq_resp>;
-
-ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel,
-		       int comp_vector)
-{
-	struct ibv_create_cq cmd{};
-	create_cq_resp resp;
-	auto *cq = new (std::nothrow) xsrc_cq{};
-
-	if (!cq) {
-		errno = ENOMEM;
-		return nullptr;
-	}
-	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector,
-					&cq->vcq.cq, &cmd, sizeof(cmd),
-					resp.core(), resp.size)) {
-		delete cq;
-		errno = err;
-		return nullptr;
-	}
-	xsrc_channel_pool_refill(to_xsrc_ctx(ibctx),
-				 resp.driver().channel_pool_free);
-	return &cq->vcq.cq;
-}
-
-constexpr uint64_t supported_wc_flags = IBV_WC_STANDARD_FLAGS;
-constexpr uint32_t supported_cq_comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
-constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
-
-ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
-{
-	struct ibv_create_cq_ex cmd{};
-	create_cq_ex_resp resp;
-
-	if ((attr->wc_flags & ~supported_wc_flags) ||
-	    (attr->comp_mask & ~supported_cq_comp_mask) ||
-	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
-	     (attr->flags & ~supported_cq_flags))) {
-		errno = EOPNOTSUPP;
-		return nullptr;
-	}
-	auto *cq = new (std::nothrow) xsrc_cq{};
-	if (!cq) {
-		errno = ENOMEM;
-		return nullptr;
-	}
-	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd,
-					   sizeof(cmd), resp.core(), resp.size,
-					   0)) {
-		delete cq;
-		errno = err;
-		return nullptr;
-	}
-	set_poll_ops(cq->vcq.cq_ex);
-	xsrc_channel_pool_refill(to_xsrc_ctx(ibctx),
-				 resp.driver().channel_pool_free);
-	return &cq->vcq.cq_ex;
-}
-
-int xsrc_destroy_cq(ibv_cq *cq)
-{
-	if (int err = ibv_cmd_destroy_cq(cq))
-		return err;
-	delete to_xsrc_cq(cq);
-	return 0;
-}
-
-int xsrc_resize_cq(ibv_cq *cq, int cqe)
-{
-	struct ibv_resize_cq cmd{};
-	ib_uverbs_resize_cq_resp resp{};
-
-	return ibv_cmd_resize_cq(cq, cqe, &cmd, sizeof(cmd), &resp,
-				 sizeof(resp));
-}
-
-int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only)
-{
-	return ibv_cmd_req_notify_cq(cq, solicited_only);
-}
-
-void xsrc_cq_event(ibv_cq *)
-{
-}
-
 } // namespace
 
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
@@ -273,15 +102,31 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.alloc_pd = xsrc_alloc_pd,
 	.async_event = xsrc_async_event,
 	.cq_event = xsrc_cq_event,
+	.create_ah = xsrc_create_ah,
 	.create_cq = xsrc_create_cq,
 	.create_cq_ex = xsrc_create_cq_ex,
+	.create_qp = xsrc_create_qp,
+	.create_qp_ex = xsrc_create_qp_ex,
+	.create_srq = xsrc_create_srq,
+	.create_srq_ex = xsrc_create_srq_ex,
 	.dealloc_pd = xsrc_dealloc_pd,
 	.dereg_mr = xsrc_dereg_mr,
+	.destroy_ah = xsrc_destroy_ah,
 	.destroy_cq = xsrc_destroy_cq,
+	.destroy_qp = xsrc_destroy_qp,
+	.destroy_srq = xsrc_destroy_srq,
 	.free_context = xsrc_free_context,
+	.get_srq_num = xsrc_get_srq_num,
+	.modify_qp = xsrc_modify_qp,
+	.modify_srq = xsrc_modify_srq,
 	.poll_cq = xsrc_poll_cq,
+	.post_recv = xsrc_post_recv,
+	.post_send = xsrc_post_send,
+	.post_srq_recv = xsrc_post_srq_recv,
 	.query_device_ex = xsrc_query_device_ex,
 	.query_port = xsrc_query_port,
+	.query_qp = xsrc_query_qp,
+	.query_srq = xsrc_query_srq,
 	.reg_mr = xsrc_reg_mr,
 	.req_notify_cq = xsrc_req_notify_cq,
 	.resize_cq = xsrc_resize_cq,

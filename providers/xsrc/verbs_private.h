@@ -124,6 +124,11 @@ struct verbs_srq {
 	uint32_t srq_num;
 };
 
+enum verbs_qp_mask {
+	VERBS_QP_XRCD = 1 << 0,
+	VERBS_QP_EX = 1 << 1,
+};
+
 struct verbs_qp {
 	union {
 		ibv_qp qp;
@@ -286,6 +291,56 @@ struct ibv_create_cq_ex {
 	ib_uverbs_ex_create_cq core_payload;
 };
 
+struct ibv_create_qp {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_create_qp core_payload;
+};
+
+struct ibv_create_qp_ex {
+	ex_hdr hdr;
+	ib_uverbs_ex_create_qp core_payload;
+};
+
+struct ibv_modify_qp {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_modify_qp core_payload;
+};
+
+struct ibv_query_qp {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_query_qp core_payload;
+};
+
+struct ibv_open_qp {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_open_qp core_payload;
+};
+
+struct ibv_create_srq {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_create_srq core_payload;
+};
+
+struct ibv_create_xsrq {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_create_xsrq core_payload;
+};
+
+struct ibv_modify_srq {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_modify_srq core_payload;
+};
+
+struct ibv_query_srq {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_query_srq core_payload;
+};
+
+struct ibv_open_xrcd {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_open_xrcd core_payload;
+};
+
 // A core command or response immediately followed by the driver's struct, as
 // rdma-core's DECLARE_DRV_CMD lays them out. The core structs end in flexible
 // arrays, which C++ will not place before another member, so the pair shares
@@ -361,6 +416,45 @@ int ibv_cmd_resize_cq(ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd,
 		      size_t cmd_size, ib_uverbs_resize_cq_resp *resp,
 		      size_t resp_size);
 int ibv_cmd_req_notify_cq(ibv_cq *cq, int solicited_only);
+
+int ibv_cmd_create_qp_ex2(ibv_context *context, verbs_qp *qp,
+			  ibv_qp_init_attr_ex *qp_attr,
+			  struct ibv_create_qp_ex *cmd, size_t cmd_size,
+			  ib_uverbs_ex_create_qp_resp *resp, size_t resp_size);
+int ibv_cmd_open_qp(ibv_context *context, verbs_qp *qp, int vqp_sz,
+		    ibv_qp_open_attr *attr, struct ibv_open_qp *cmd,
+		    size_t cmd_size, ib_uverbs_create_qp_resp *resp,
+		    size_t resp_size);
+int ibv_cmd_query_qp(ibv_qp *qp, ibv_qp_attr *qp_attr, int attr_mask,
+		     ibv_qp_init_attr *qp_init_attr, struct ibv_query_qp *cmd,
+		     size_t cmd_size);
+int ibv_cmd_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask,
+		      struct ibv_modify_qp *cmd, size_t cmd_size);
+int ibv_cmd_destroy_qp(ibv_qp *qp);
+
+int ibv_cmd_create_srq(ibv_pd *pd, ibv_srq *srq, ibv_srq_init_attr *attr,
+		       struct ibv_create_srq *cmd, size_t cmd_size,
+		       ib_uverbs_create_srq_resp *resp, size_t resp_size);
+int ibv_cmd_create_srq_ex(ibv_context *context, verbs_srq *srq,
+			  ibv_srq_init_attr_ex *attr_ex,
+			  struct ibv_create_xsrq *cmd, size_t cmd_size,
+			  ib_uverbs_create_srq_resp *resp, size_t resp_size);
+int ibv_cmd_modify_srq(ibv_srq *srq, ibv_srq_attr *srq_attr,
+		       int srq_attr_mask, struct ibv_modify_srq *cmd,
+		       size_t cmd_size);
+int ibv_cmd_query_srq(ibv_srq *srq, ibv_srq_attr *srq_attr,
+		      struct ibv_query_srq *cmd, size_t cmd_size);
+int ibv_cmd_destroy_srq(ibv_srq *srq);
+
+int ibv_cmd_create_ah(ibv_pd *pd, ibv_ah *ah, ibv_ah_attr *attr,
+		      ib_uverbs_create_ah_resp *resp, size_t resp_size);
+int ibv_cmd_destroy_ah(ibv_ah *ah);
+
+int ibv_cmd_open_xrcd(ibv_context *context, verbs_xrcd *xrcd, int vxrcd_size,
+		      ibv_xrcd_init_attr *attr, struct ibv_open_xrcd *cmd,
+		      size_t cmd_size, ib_uverbs_open_xrcd_resp *resp,
+		      size_t resp_size);
+int ibv_cmd_close_xrcd(verbs_xrcd *xrcd);
 
 } // extern "C"
 
@@ -453,6 +547,16 @@ XSRC_PIN_AT(struct ibv_resize_cq, core_payload.cqe, 20);
 XSRC_PIN_SIZE(struct ibv_create_cq_ex, 56);
 XSRC_PIN_AT(struct ibv_create_cq_ex, core_payload.user_handle, 24);
 XSRC_PIN_AT(struct ibv_create_cq_ex, core_payload.flags, 48);
+XSRC_PIN_SIZE(struct ibv_create_qp, 64);
+XSRC_PIN_SIZE(struct ibv_create_qp_ex, 88);
+XSRC_PIN_SIZE(struct ibv_modify_qp, 120);
+XSRC_PIN_SIZE(struct ibv_query_qp, 24);
+XSRC_PIN_SIZE(struct ibv_open_qp, 40);
+XSRC_PIN_SIZE(struct ibv_create_srq, 40);
+XSRC_PIN_SIZE(struct ibv_create_xsrq, 56);
+XSRC_PIN_SIZE(struct ibv_modify_srq, 24);
+XSRC_PIN_SIZE(struct ibv_query_srq, 24);
+XSRC_PIN_SIZE(struct ibv_open_xrcd, 24);
 
 // 76 pointers; slot n must hold the op libibverbs calls through slot n.
 XSRC_PIN_SIZE(verbs_context_ops, 76 * sizeof(void *));

@@ -2,8 +2,10 @@
 // The xsrc device: matching and registration, device and context lifetime, and
 // the pool of completion-channel pipes.
 #include "xsrc.h"
+#include "progress.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -143,12 +145,44 @@ int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
 	return open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 }
 
+// Maps the device's shared-memory arena, whose path the daemon publishes in
+// sysfs next to the command directory. Returns 0 or errno.
+int map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
+{
+	char path[PATH_MAX];
+	int len = ibv_read_ibdev_sysfs_file(path, sizeof(path), sysfs_dev, "%s", XSRC_SYSFS_SHM_FILE);
+	if (len <= 0)
+		return len == 0 ? ENOENT : errno;
+	while (len > 0 && path[len - 1] == '\n')
+		path[--len] = '\0';
+	unique_fd fd(open(path, O_RDWR | O_CLOEXEC));
+	if (fd.get() < 0)
+		return errno;
+	void *base = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+	if (base == MAP_FAILED)
+		return errno;
+	auto *hdr = static_cast<const xsrc_arena_header *>(base);
+	if (hdr->magic != XSRC_ARENA_MAGIC || hdr->version != XSRC_ARENA_VERSION ||
+	    hdr->size != XSRC_ARENA_SIZE) {
+		munmap(base, XSRC_ARENA_SIZE);
+		return EPROTO;
+	}
+	arena.base = static_cast<unsigned char *>(base);
+	arena.size = XSRC_ARENA_SIZE;
+	return 0;
+}
+
 // Undoes the allocation by libibverbs and the in-place construction.
 struct context_deleter {
 	void operator()(xsrc_context *ctx) const noexcept
 	{
 		int saved = errno;
 
+		// The progress thread may still write to cmd_fd: stop it first.
+		std::destroy_at(&ctx->progress);
+		std::destroy_at(&ctx->progress_lock);
+		if (ctx->arena.base)
+			munmap(ctx->arena.base, ctx->arena.size);
 		std::destroy_at(&ctx->channels);
 		verbs_uninit_context(&ctx->ibv_ctx); // closes cmd_fd, async_fd
 		free(ctx);
@@ -178,6 +212,8 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 		return errno;
 	auto *raw = static_cast<xsrc_context *>(mem);
 	std::construct_at(&raw->channels);
+	std::construct_at(&raw->progress_lock);
+	std::construct_at(&raw->progress);
 	context_ptr ctx(raw);
 
 	pipe_fds async_pipe;
@@ -215,6 +251,14 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 		ctx->channels.read_fds.push_back(pipe.rd.release());
 	ctx->context_id = resp.driver().context_id;
 	ctx->max_inline_data = resp.driver().max_inline_data;
+	ctx->pid = getpid();
+	if (int err = map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))
+		return err;
+	ibv_port_attr port{};
+	struct ibv_query_port qcmd{};
+	if (int err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))
+		return err;
+	ctx->port_mtu_bytes = 128u << port.active_mtu;
 
 	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
 	*out = ctx.release();

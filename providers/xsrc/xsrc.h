@@ -12,10 +12,14 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "queues.h"
 
 // Owns one file descriptor.
 class unique_fd {
@@ -71,16 +75,83 @@ struct xsrc_comp_channels {
 	std::vector<int> read_fds; // registration order
 };
 
+namespace xsrc {
+class Progress;
+}
+
 struct xsrc_context {
 	verbs_context ibv_ctx; // libibverbs callocs the whole struct
 	xsrc_comp_channels channels; // so this is constructed in place
 	uint64_t context_id;
 	uint32_t max_inline_data;
+	xsrc::Arena arena;           // the device's shared memory
+	pid_t pid;                   // ours: owner_pid of our QPs and MRs
+	uint32_t port_mtu_bytes;     // UD messages may not exceed it
+	std::mutex progress_lock;
+	std::unique_ptr<xsrc::Progress> progress; // started on first need
 };
 
 struct xsrc_cq {
 	verbs_cq vcq;
 	ibv_wc polled; // the completion start_poll/next_poll stepped onto
+	xsrc_cq_ring *ring;
+	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
+	std::mutex poll_lock;        // the ring has a single consumer
+};
+
+struct xsrc_srq {
+	verbs_srq vsrq;
+	xsrc_recv_ring *ring;
+	uint32_t srqn;
+	uint32_t max_sge;
+	std::mutex post_lock;        // the receive ring has one producer
+};
+
+struct xsrc_ah {
+	ibv_ah ah;
+	ibv_ah_attr attr;
+	ibv_gid sgid;                // the GID at attr.grh.sgid_index
+};
+
+// A send work request as the device keeps it until it has executed it.
+struct xsrc_send_wqe {
+	uint64_t wr_id = 0;
+	ibv_wr_opcode opcode = IBV_WR_SEND;
+	unsigned int flags = 0;          // IBV_SEND_*
+	uint32_t imm_data = 0;           // network order
+	std::vector<ibv_sge> sge;
+	std::vector<unsigned char> inline_data; // IBV_SEND_INLINE: copied at post
+	uint64_t remote_addr = 0;
+	uint32_t rkey = 0;
+	uint64_t compare_add = 0;
+	uint64_t swap = 0;
+	xsrc_ah *ah = nullptr;           // UD
+	uint32_t remote_qpn = 0;
+	uint32_t remote_qkey = 0;
+	uint32_t remote_srqn = 0;        // XRC
+	// Retry state while the responder cannot take it (RNR, unreachable).
+	int rnr_retries_left = -1;
+	int retries_left = -1;
+};
+
+struct xsrc_qp {
+	verbs_qp vqp;
+	uint32_t qpn;
+	xsrc_qp_entry *entry;        // in the arena: state, attributes
+	xsrc_recv_ring *rq;          // null with an SRQ
+	xsrc_cq *send_cq;
+	xsrc_cq *recv_cq;
+	xsrc_srq *srq;
+	ibv_qp_type type;
+	uint32_t max_send_wr, max_send_sge, max_recv_sge, max_inline_data;
+	bool sq_sig_all;
+
+	std::mutex rq_lock;              // the receive ring has one producer
+	std::mutex sq_lock;              // post_send, the progress thread
+	std::deque<xsrc_send_wqe> sq;    // posted, not yet executed (blocked)
+	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
+	std::vector<xsrc_send_wqe> staged; // ibv_wr_* between wr_start and wr_complete
+	int staged_error = 0;
 };
 
 // The casts below rely on these.
@@ -88,9 +159,7 @@ static_assert(std::is_standard_layout_v<xsrc_device> &&
 	      offsetof(xsrc_device, ibv_dev.device) == 0);
 static_assert(std::is_standard_layout_v<xsrc_context> &&
 	      offsetof(xsrc_context, ibv_ctx) == 0);
-static_assert(std::is_standard_layout_v<xsrc_cq> &&
-	      offsetof(xsrc_cq, vcq.cq) == 0 &&
-	      offsetof(xsrc_cq, vcq.cq_ex) == 0);
+static_assert(offsetof(xsrc_cq, vcq) == 0);
 
 inline xsrc_device *to_xsrc_dev(ibv_device *dev)
 {
@@ -115,9 +184,78 @@ inline xsrc_cq *to_xsrc_cq(ibv_cq_ex *cq)
 	return reinterpret_cast<xsrc_cq *>(cq);
 }
 
+inline xsrc_qp *to_xsrc_qp(ibv_qp *qp)
+{
+	return reinterpret_cast<xsrc_qp *>(qp);
+}
+
+inline xsrc_qp *to_xsrc_qp(ibv_qp_ex *qp)
+{
+	return reinterpret_cast<xsrc_qp *>(qp);
+}
+
+inline xsrc_srq *to_xsrc_srq(ibv_srq *srq)
+{
+	return reinterpret_cast<xsrc_srq *>(srq);
+}
+
+inline xsrc_ah *to_xsrc_ah(ibv_ah *ah)
+{
+	return reinterpret_cast<xsrc_ah *>(ah);
+}
+
 // A command reported `free_now` unused channel pipes: register more until the
 // pool holds XSRC_CHANNEL_POOL_TARGET again. Best effort, never fails.
 void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now);
 
 void xsrc_free_context(ibv_context *ibctx);  // xsrc.cpp
 extern const verbs_context_ops xsrc_ctx_ops; // verbs.cpp
+
+// cq.cpp
+ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector);
+ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr);
+int xsrc_destroy_cq(ibv_cq *cq);
+int xsrc_resize_cq(ibv_cq *cq, int cqe);
+int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc);
+int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only);
+void xsrc_cq_event(ibv_cq *cq);
+
+// qp.cpp
+ibv_qp *xsrc_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr);
+ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr);
+int xsrc_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
+int xsrc_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
+int xsrc_destroy_qp(ibv_qp *qp);
+int xsrc_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
+int xsrc_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+
+// srq.cpp
+ibv_srq *xsrc_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr);
+ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr);
+int xsrc_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int attr_mask);
+int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr);
+int xsrc_destroy_srq(ibv_srq *srq);
+int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
+
+// ah.cpp
+ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
+int xsrc_destroy_ah(ibv_ah *ah);
+
+// transport.cpp: the device's engine.
+// Queues (or executes) one send WQE on a QP whose sq_lock the caller holds.
+void xsrc_sq_post(xsrc_qp *qp, xsrc_send_wqe &&wqe);
+// Executes the blocked WQEs at the head of qp->sq whose time has come.
+// Returns the time of the next retry (0 when the queue drained).
+uint64_t xsrc_sq_progress(xsrc_qp *qp);
+// Completes every queued WQE with IBV_WC_WR_FLUSH_ERR and drains the RQ.
+void xsrc_qp_flush(xsrc_qp *qp);
+// A completion for a CQ: pushes it and raises the event / overrun.
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe);
+// XSRC_CMD_RAISE_EVENT through our command file.
+void xsrc_raise(xsrc_context *ctx, uint32_t kind, uint64_t object);
+uint64_t xsrc_now_ns();
+
+// progress.cpp: wakes the progress thread for a QP with blocked work.
+void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns);
+void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp);

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// Address handles: created through the daemon (which checks the GID index);
+// the provider keeps the attributes a UD send needs.
+#include "xsrc.h"
+
+#include <new>
+
+ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
+{
+	auto *ah = new (std::nothrow) xsrc_ah{};
+	if (!ah) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	ah->attr = *attr;
+	if (attr->is_global && ibv_query_gid(pd->context, attr->port_num, attr->grh.sgid_index, &ah->sgid)) {
+		delete ah;
+		errno = EINVAL;
+		return nullptr;
+	}
+	ib_uverbs_create_ah_resp resp{};
+	if (int err = ibv_cmd_create_ah(pd, &ah->ah, attr, &resp, sizeof(resp))) {
+		delete ah;
+		errno = err;
+		return nullptr;
+	}
+	return &ah->ah;
+}
+
+int xsrc_destroy_ah(ibv_ah *ah)
+{
+	if (int err = ibv_cmd_destroy_ah(ah))
+		return err;
+	delete to_xsrc_ah(ah);
+	return 0;
+}

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// Completion queues: the ring in the arena, polled here without a system
+// call; arming is a flag in the ring that producers check.
+#include "xsrc.h"
+
+#include <new>
+
+namespace {
+
+using xsrc::atomic;
+
+void to_wc(const xsrc_cqe &c, ibv_wc &wc)
+{
+	wc = {};
+	wc.wr_id = c.wr_id;
+	wc.status = static_cast<ibv_wc_status>(c.status);
+	wc.opcode = static_cast<ibv_wc_opcode>(c.opcode);
+	wc.vendor_err = c.vendor_err;
+	wc.byte_len = c.byte_len;
+	wc.imm_data = c.imm_data;
+	wc.qp_num = c.qp_num;
+	wc.src_qp = c.src_qp;
+	wc.wc_flags = c.wc_flags;
+	wc.pkey_index = c.pkey_index;
+	wc.slid = c.slid;
+	wc.sl = c.sl;
+	wc.dlid_path_bits = c.dlid_path_bits;
+}
+
+// One completion, oldest first: a ring left behind by a resize drains first.
+bool pop_one(xsrc_cq *cq, ibv_wc &wc)
+{
+	xsrc_cqe c;
+	if (cq->old_ring) {
+		if (xsrc::cq_pop(cq->old_ring, c)) {
+			to_wc(c, wc);
+			return true;
+		}
+		cq->old_ring = nullptr;
+	}
+	if (!xsrc::cq_pop(cq->ring, c))
+		return false;
+	to_wc(c, wc);
+	return true;
+}
+
+xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
+{
+	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
+	return ring && ring->num_entries ? ring : nullptr;
+}
+
+// --- the extended poll interface (ibv_start_poll & co) ---------------------
+
+int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
+{
+	if (attr->comp_mask)
+		return EINVAL;
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	cq->poll_lock.lock();
+	if (!pop_one(cq, cq->polled)) {
+		cq->poll_lock.unlock();
+		return ENOENT;
+	}
+	ibcq->wr_id = cq->polled.wr_id;
+	ibcq->status = cq->polled.status;
+	return 0;
+}
+
+int next_poll(ibv_cq_ex *ibcq)
+{
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	if (!pop_one(cq, cq->polled))
+		return ENOENT;
+	ibcq->wr_id = cq->polled.wr_id;
+	ibcq->status = cq->polled.status;
+	return 0;
+}
+
+void end_poll(ibv_cq_ex *ibcq)
+{
+	to_xsrc_cq(ibcq)->poll_lock.unlock();
+}
+
+ibv_wc_opcode read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.byte_len; }
+__be32 read_imm_data(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.imm_data; }
+uint32_t read_qp_num(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.wc_flags; }
+uint32_t read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
+uint8_t read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
+
+void set_poll_ops(ibv_cq_ex &cq)
+{
+	cq.start_poll = start_poll;
+	cq.next_poll = next_poll;
+	cq.end_poll = end_poll;
+	cq.read_opcode = read_opcode;
+	cq.read_vendor_err = read_vendor_err;
+	cq.read_byte_len = read_byte_len;
+	cq.read_imm_data = read_imm_data;
+	cq.read_qp_num = read_qp_num;
+	cq.read_src_qp = read_src_qp;
+	cq.read_wc_flags = read_wc_flags;
+	cq.read_slid = read_slid;
+	cq.read_sl = read_sl;
+	cq.read_dlid_path_bits = read_dlid_path_bits;
+}
+
+using create_cq_resp = verbs_drv_buf<ib_uverbs_create_cq_resp, xsrc_create_cq_resp>;
+using create_cq_ex_resp = verbs_drv_buf<ib_uverbs_ex_create_cq_resp, xsrc_create_cq_resp>;
+
+constexpr uint64_t supported_wc_flags = IBV_WC_STANDARD_FLAGS;
+constexpr uint32_t supported_cq_comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+
+}  // namespace
+
+ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+{
+	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	struct ibv_create_cq cmd{};
+	create_cq_resp resp;
+	auto *cq = new (std::nothrow) xsrc_cq{};
+
+	if (!cq) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector, &cq->vcq.cq, &cmd,
+					sizeof(cmd), resp.core(), resp.size)) {
+		delete cq;
+		errno = err;
+		return nullptr;
+	}
+	cq->ring = ring_at(ctx, resp.driver().ring_off);
+	if (!cq->ring) {
+		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		delete cq;
+		errno = EPROTO;
+		return nullptr;
+	}
+	xsrc_channel_pool_refill(ctx, resp.driver().channel_pool_free);
+	return &cq->vcq.cq;
+}
+
+ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
+{
+	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	struct ibv_create_cq_ex cmd{};
+	create_cq_ex_resp resp;
+
+	if ((attr->wc_flags & ~supported_wc_flags) || (attr->comp_mask & ~supported_cq_comp_mask) ||
+	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~supported_cq_flags))) {
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	auto *cq = new (std::nothrow) xsrc_cq{};
+	if (!cq) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd, sizeof(cmd), resp.core(),
+					   resp.size, 0)) {
+		delete cq;
+		errno = err;
+		return nullptr;
+	}
+	cq->ring = ring_at(ctx, resp.driver().ring_off);
+	if (!cq->ring) {
+		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		delete cq;
+		errno = EPROTO;
+		return nullptr;
+	}
+	set_poll_ops(cq->vcq.cq_ex);
+	xsrc_channel_pool_refill(ctx, resp.driver().channel_pool_free);
+	return &cq->vcq.cq_ex;
+}
+
+int xsrc_destroy_cq(ibv_cq *cq)
+{
+	if (int err = ibv_cmd_destroy_cq(cq))
+		return err;
+	delete to_xsrc_cq(cq);
+	return 0;
+}
+
+int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
+{
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	struct ibv_resize_cq cmd{};
+	verbs_drv_buf<ib_uverbs_resize_cq_resp, xsrc_resize_cq_resp> resp;
+
+	std::lock_guard guard(cq->poll_lock);
+	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size))
+		return err;
+	xsrc_cq_ring *ring = ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
+	if (ring && ring != cq->ring) {
+		cq->old_ring = cq->ring;
+		cq->ring = ring;
+	}
+	return 0;
+}
+
+int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc)
+{
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	std::lock_guard guard(cq->poll_lock);
+	int n = 0;
+	while (n < num_entries && pop_one(cq, wc[n]))
+		++n;
+	return n;
+}
+
+// Arming is a store the producers see: no command, as on an HCA's doorbell.
+int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
+{
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	atomic(cq->ring->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
+				      std::memory_order_seq_cst);
+	return 0;
+}
+
+void xsrc_cq_event(ibv_cq *)
+{
+}

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The device arena as the provider sees it, and the lock-free ring
+// operations on it: CQ rings (many producers, one consumer) and receive
+// rings (one producer, many consumers). Formats: kernel-abi/xsrc-queues.h.
+#pragma once
+
+#include <xsrc-queues.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace xsrc {
+
+template <typename T>
+inline std::atomic_ref<T> atomic(T &v)
+{
+	return std::atomic_ref<T>(v);
+}
+
+// One device's shared-memory arena, mapped into this process.
+struct Arena {
+	unsigned char *base = nullptr;
+	size_t size = 0;
+
+	const xsrc_arena_header &header() const
+	{
+		return *reinterpret_cast<const xsrc_arena_header *>(base);
+	}
+	template <typename T>
+	T *at(uint64_t off) const
+	{
+		return off && off + sizeof(T) <= size ? reinterpret_cast<T *>(base + off) : nullptr;
+	}
+	xsrc_qp_entry *qp(uint32_t qpn) const
+	{
+		if (qpn < XSRC_QPN_BASE || qpn - XSRC_QPN_BASE >= XSRC_QP_TABLE_LEN)
+			return nullptr;
+		return at<xsrc_qp_entry>(header().qp_table_off) + (qpn - XSRC_QPN_BASE);
+	}
+	xsrc_mr_entry *mr(uint32_t key) const
+	{
+		uint32_t index = key >> 8;
+		if (index >= XSRC_MR_TABLE_LEN)
+			return nullptr;
+		return at<xsrc_mr_entry>(header().mr_table_off) + index;
+	}
+	xsrc_srq_entry *srq(uint32_t srqn) const
+	{
+		if (srqn < XSRC_SRQN_BASE || srqn - XSRC_SRQN_BASE >= XSRC_SRQ_TABLE_LEN)
+			return nullptr;
+		return at<xsrc_srq_entry>(header().srq_table_off) + (srqn - XSRC_SRQN_BASE);
+	}
+	uint32_t *atomic_lock(uint64_t hash) const
+	{
+		return at<uint32_t>(header().atomic_locks_off) + hash % XSRC_ATOMIC_LOCKS;
+	}
+};
+
+// --- CQ ring ---------------------------------------------------------------
+
+inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
+	return &slots[pos & (ring->num_entries - 1)];
+}
+
+// Appends a completion. False when the CQ is full (an overrun).
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
+{
+	auto tail = atomic(ring->tail);
+	__u64 pos = tail.load(std::memory_order_relaxed);
+	for (;;) {
+		xsrc_cqe *slot = cq_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - pos);
+		if (dif == 0) {
+			// The application's cqe, not the ring's capacity, is the limit.
+			uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+			if (pos - head >= ring->cqe)
+				return false;
+			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
+					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
+					    sizeof(cqe) - sizeof(cqe.seq));
+				atomic(slot->seq).store(pos + 1, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			return false;
+		} else {
+			pos = tail.load(std::memory_order_relaxed);
+		}
+	}
+}
+
+// Takes the oldest completion (the owner is the only consumer).
+inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out)
+{
+	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
+	xsrc_cqe *slot = cq_slot(ring, pos);
+	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
+		return false;
+	out = *slot;
+	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+	atomic(ring->head).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// --- receive ring ----------------------------------------------------------
+
+inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(ring + 1);
+	return reinterpret_cast<xsrc_recv_wqe *>(slots + (pos & (ring->num_entries - 1)) * ring->stride);
+}
+
+inline xsrc_sge *recv_sges(xsrc_recv_wqe *wqe)
+{
+	return reinterpret_cast<xsrc_sge *>(wqe + 1);
+}
+
+inline uint64_t recv_count(xsrc_recv_ring *ring)
+{
+	return atomic(ring->tail).load(std::memory_order_acquire) -
+	       atomic(ring->head).load(std::memory_order_acquire);
+}
+
+// Posts a receive (the owner is the only producer). False when full.
+inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
+{
+	uint64_t pos = atomic(ring->tail).load(std::memory_order_relaxed);
+	uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+	if (pos - head >= ring->max_wr)
+		return false;
+	xsrc_recv_wqe *slot = recv_slot(ring, pos);
+	if (atomic(slot->seq).load(std::memory_order_acquire) != pos)
+		return false;  // a consumer is still copying the previous lap's WQE out
+	slot->wr_id = wr_id;
+	slot->num_sge = num_sge;
+	std::memcpy(recv_sges(slot), sge, num_sge * sizeof(xsrc_sge));
+	atomic(slot->seq).store(pos + 1, std::memory_order_release);
+	atomic(ring->tail).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// A receive WQE copied out of a ring.
+struct RecvWqe {
+	uint64_t wr_id = 0;
+	uint32_t num_sge = 0;
+	xsrc_sge sge[XSRC_MAX_RECV_SGE];
+};
+
+// Claims the oldest posted receive (any process may consume). False if none.
+inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out)
+{
+	auto head = atomic(ring->head);
+	__u64 pos = head.load(std::memory_order_relaxed);
+	for (;;) {
+		xsrc_recv_wqe *slot = recv_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - (pos + 1));
+		if (dif == 0) {
+			if (head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				out.wr_id = slot->wr_id;
+				out.num_sge = slot->num_sge <= XSRC_MAX_RECV_SGE ? slot->num_sge : 0;
+				std::memcpy(out.sge, recv_sges(slot), out.num_sge * sizeof(xsrc_sge));
+				atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			return false;
+		} else {
+			pos = head.load(std::memory_order_relaxed);
+		}
+	}
+}
+
+}  // namespace xsrc
