@@ -14,7 +14,8 @@ constexpr uint64_t supported_send_ops =
 	IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
 	IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
 	IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
-constexpr uint32_t supported_init_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+constexpr uint32_t supported_init_mask =
+	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD;
 
 uint32_t qp_state(const xsrc_qp *qp)
 {
@@ -31,11 +32,11 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
 		return true;
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
-		return type == IBV_QPT_RC || type == IBV_QPT_UC;
+		return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_XRC_SEND;
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		return type == IBV_QPT_RC;
+		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
 	default:
 		return false;
 	}
@@ -59,6 +60,10 @@ int validate(xsrc_qp *qp, const xsrc_send_wqe &wqe, size_t num_sge, uint64_t inl
 		return EINVAL;
 	if (qp->type == IBV_QPT_UD && !wqe.ah)
 		return EINVAL;
+	if (qp->type == IBV_QPT_XRC_SEND && !wqe.remote_srqn)
+		return EINVAL;
+	if (qp->type == IBV_QPT_XRC_RECV)
+		return EINVAL;  // a receive QP has no send queue
 	if (qp->sq.size() >= qp->max_send_wr)
 		return ENOMEM;
 	return 0;
@@ -92,6 +97,8 @@ int wqe_from_wr(xsrc_qp *qp, const ibv_send_wr *wr, xsrc_send_wqe &wqe)
 	default:
 		break;
 	}
+	if (qp->type == IBV_QPT_XRC_SEND)
+		wqe.remote_srqn = wr->qp_type.xrc.remote_srqn;
 	if (qp->type == IBV_QPT_UD) {
 		wqe.ah = wr->wr.ud.ah ? to_xsrc_ah(wr->wr.ud.ah) : nullptr;
 		wqe.remote_qpn = wr->wr.ud.remote_qpn;
@@ -299,7 +306,8 @@ ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
-	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
+	    attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV) {
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
@@ -318,16 +326,17 @@ ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	qp->qpn = qp->vqp.qp.qp_num;
 	qp->entry = ctx->arena.qp(qp->qpn);
 	qp->rq = ctx->arena.at<xsrc_recv_ring>(resp.driver().rq_off);
-	qp->send_cq = to_xsrc_cq(attr->send_cq);
-	qp->recv_cq = attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
-	qp->srq = attr->srq ? to_xsrc_srq(attr->srq) : nullptr;
+	bool has_rq = attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC || attr->qp_type == IBV_QPT_UD;
+	qp->send_cq = attr->send_cq ? to_xsrc_cq(attr->send_cq) : nullptr;
+	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
+	qp->srq = has_rq && attr->srq ? to_xsrc_srq(attr->srq) : nullptr;
 	qp->type = attr->qp_type;
 	qp->max_send_wr = attr->cap.max_send_wr;
 	qp->max_send_sge = attr->cap.max_send_sge;
 	qp->max_recv_sge = attr->cap.max_recv_sge;
 	qp->max_inline_data = attr->cap.max_inline_data;
 	qp->sq_sig_all = attr->sq_sig_all;
-	if (!qp->entry || qp->entry->qpn != qp->qpn || (!qp->srq && !qp->rq)) {
+	if (!qp->entry || qp->entry->qpn != qp->qpn || (has_rq && !qp->srq && !qp->rq)) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		delete qp;
 		errno = EPROTO;

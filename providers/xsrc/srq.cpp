@@ -28,9 +28,11 @@ ibv_srq *finish(xsrc_context *ctx, xsrc_srq *srq, const xsrc_create_srq_resp &dr
 
 ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 {
-	constexpr uint32_t supported = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+	constexpr uint32_t supported = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+				       IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
 	if ((attr->comp_mask & ~supported) ||
-	    ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)) {
+	    ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC &&
+	     attr->srq_type != IBV_SRQT_XRC)) {
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
@@ -46,6 +48,7 @@ ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 		errno = err;
 		return nullptr;
 	}
+	srq->vsrq.srq_num = resp.core()->srqn;
 	return finish(to_xsrc_ctx(ibctx), srq, resp.driver(), attr->attr.max_sge);
 }
 

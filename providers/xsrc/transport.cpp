@@ -180,14 +180,43 @@ struct Responder {
 	xsrc_srq_entry *srq = nullptr;
 	uint64_t cq_off = 0;
 	uint32_t pd_id = 0;                // of the receive buffers
+	uint32_t rkey_pd_id = 0;           // of MRs its rkeys may name
+	uint32_t owner_pid = 0;            // whose memory the bytes land in
 };
+
+// The SRQ an XRC message names (XRCETH): live, XRC, and of the receive QP's
+// domain — otherwise the responder answers "invalid request".
+bool use_xrc_srq(xsrc_context *ctx, uint32_t srqn, Responder &r)
+{
+	r.srq = ctx->arena.srq(srqn);
+	if (!r.srq || atomic(r.srq->srqn).load(std::memory_order_acquire) != srqn ||
+	    r.srq->srq_type != IBV_SRQT_XRC || r.srq->xrcd_id == 0 || r.srq->xrcd_id != r.qp->xrcd_id)
+		return false;
+	r.rq = ctx->arena.at<xsrc_recv_ring>(r.srq->ring_off);
+	r.cq_off = r.srq->cq_off;
+	r.pd_id = r.rkey_pd_id = r.srq->pd_id;
+	r.owner_pid = r.srq->owner_pid;
+	return r.rq != nullptr;
+}
+
+bool reliable(ibv_qp_type type)
+{
+	return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+}
+
+// The responder QP type a requester of `type` talks to.
+uint8_t peer_type(ibv_qp_type type)
+{
+	return type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : type;
+}
 
 bool find_responder(xsrc_context *ctx, uint32_t qpn, Responder &r)
 {
 	r.qp = ctx->arena.qp(qpn);
 	if (!r.qp || r.qp->qpn != qpn || atomic(r.qp->state).load(std::memory_order_acquire) == 0)
 		return false;
-	r.pd_id = r.qp->pd_id;
+	r.pd_id = r.rkey_pd_id = r.qp->pd_id;
+	r.owner_pid = r.qp->owner_pid;
 	r.cq_off = r.qp->recv_cq_off;
 	if (r.qp->srqn) {
 		r.srq = ctx->arena.srq(r.qp->srqn);
@@ -278,7 +307,7 @@ Result deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Respond
 	if (!is_write_imm) {
 		std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 		size_t nremote;
-		ibv_wc_status st = remote_scatter(ctx->arena, rwqe, r.qp->owner_pid, r.pd_id, len, remote, nremote);
+		ibv_wc_status st = remote_scatter(ctx->arena, rwqe, r.owner_pid, r.pd_id, len, remote, nremote);
 		if (st != IBV_WC_SUCCESS) {
 			if (ud) {  // UD has no responder errors towards the sender
 				xsrc_cqe e = make_cqe(rwqe.wr_id, st, IBV_WC_RECV, r.qp->qpn);
@@ -305,7 +334,7 @@ Result deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Respond
 		}
 		for (size_t i = 0; i < local.count; ++i)
 			src[nsrc++] = local.iov[i];
-		if (!write_remote(r.qp->owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
+		if (!write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
 			if (ud)
 				return {};
 			responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR);
@@ -348,17 +377,17 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		return fail(IBV_WC_LOC_LEN_ERR);
 
 	uint64_t va;
-	if (!mr_range(live_mr(ctx->arena, wqe.rkey), r.qp->owner_pid, r.qp->pd_id, wqe.remote_addr,
+	if (!mr_range(live_mr(ctx->arena, wqe.rkey), r.owner_pid, r.rkey_pd_id, wqe.remote_addr,
 		      local.total, need, va))
 		return fail(IBV_WC_REM_ACCESS_ERR);
 	iovec remote{reinterpret_cast<void *>(va), local.total};
-	pid_t peer = static_cast<pid_t>(r.qp->owner_pid);
+	pid_t peer = static_cast<pid_t>(r.owner_pid);
 
 	if (is_atomic) {
 		uint64_t original;
 		iovec orig_iov{&original, 8};
 		{
-			AtomicLock lock(ctx->arena, r.qp->owner_pid, va, static_cast<uint32_t>(ctx->pid));
+			AtomicLock lock(ctx->arena, r.owner_pid, va, static_cast<uint32_t>(ctx->pid));
 			if (!read_remote(peer, &orig_iov, 1, &remote, 1, 8))
 				return fail(IBV_WC_REM_ACCESS_ERR);
 			uint64_t value = original;
@@ -381,14 +410,14 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 	// RDMA WRITE WITH IMM also consumes a receive: make sure one is there
 	// before a byte moves.
 	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && (!r.rq || xsrc::recv_count(r.rq) == 0)) {
-		if (qp->type == IBV_QPT_RC)
+		if (reliable(qp->type))
 			return {Attempt::rnr, IBV_WC_SUCCESS, 0, r.qp->min_rnr_timer};
 		return {};
 	}
 	if (!write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
 		return fail(IBV_WC_REM_ACCESS_ERR);
 	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
-		return deliver(ctx, qp, wqe, r, local, false, qp->type == IBV_QPT_RC);
+		return deliver(ctx, qp, wqe, r, local, false, reliable(qp->type));
 	return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
 }
 
@@ -397,12 +426,14 @@ Result execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 	bool ud = qp->type == IBV_QPT_UD;
 	uint32_t dest = ud ? wqe.remote_qpn : qp->entry->dest_qpn;
 	Responder r;
-	if (!find_responder(ctx, dest, r) || !can_receive(qp_state(r.qp)) || r.qp->qp_type != qp->type ||
-	    (!ud && r.qp->dest_qpn != qp->qpn)) {
-		if (qp->type != IBV_QPT_RC)
+	if (!find_responder(ctx, dest, r) || !can_receive(qp_state(r.qp)) ||
+	    r.qp->qp_type != peer_type(qp->type) || (!ud && r.qp->dest_qpn != qp->qpn)) {
+		if (!reliable(qp->type))
 			return {};  // unacknowledged transports never learn: dropped
 		return {Attempt::unreachable, IBV_WC_SUCCESS, 0, 0};
 	}
+	if (qp->type == IBV_QPT_XRC_SEND && !use_xrc_srq(ctx, wqe.remote_srqn, r))
+		return fail(IBV_WC_REM_INV_REQ_ERR);
 
 	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {
 		if (ud) {
@@ -417,7 +448,7 @@ Result execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 			return fail(IBV_WC_LOC_LEN_ERR);
 		if (local.total > XSRC_MAX_MSG_SIZE)
 			return fail(IBV_WC_LOC_LEN_ERR);
-		return deliver(ctx, qp, wqe, r, local, ud, qp->type == IBV_QPT_RC);
+		return deliver(ctx, qp, wqe, r, local, ud, reliable(qp->type));
 	}
 	return remote_access(ctx, qp, wqe, r);
 }

@@ -101,6 +101,7 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 const verbs_context_ops xsrc_ctx_ops = {
 	.alloc_pd = xsrc_alloc_pd,
 	.async_event = xsrc_async_event,
+	.close_xrcd = xsrc_close_xrcd,
 	.cq_event = xsrc_cq_event,
 	.create_ah = xsrc_create_ah,
 	.create_cq = xsrc_create_cq,
@@ -119,6 +120,8 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.get_srq_num = xsrc_get_srq_num,
 	.modify_qp = xsrc_modify_qp,
 	.modify_srq = xsrc_modify_srq,
+	.open_qp = xsrc_open_qp,
+	.open_xrcd = xsrc_open_xrcd,
 	.poll_cq = xsrc_poll_cq,
 	.post_recv = xsrc_post_recv,
 	.post_send = xsrc_post_send,

@@ -238,6 +238,11 @@ int xsrc_destroy_srq(ibv_srq *srq);
 int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
 int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
 
+// xrc.cpp
+ibv_xrcd *xsrc_open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr);
+int xsrc_close_xrcd(ibv_xrcd *xrcd);
+ibv_qp *xsrc_open_qp(ibv_context *ibctx, ibv_qp_open_attr *attr);
+
 // ah.cpp
 ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
 int xsrc_destroy_ah(ibv_ah *ah);
