@@ -85,12 +85,13 @@ struct xsrc_alloc_pd_resp {
 	__u32 reserved;
 };
 
-/* Appended to ib_uverbs_create_qp_resp / ib_uverbs_ex_create_qp_resp. The
- * QP's arena entry is qp table[qpn - XSRC_QPN_BASE]. */
+/* Appended to ib_uverbs_create_qp_resp / ib_uverbs_ex_create_qp_resp, and
+ * to the ib_uverbs_create_qp_resp of OPEN_QP. The QP's arena entry is
+ * qp table[qpn - XSRC_QPN_BASE]. */
 struct xsrc_create_qp_resp {
 	__u32 comp_mask;
 	__u32 reserved;
-	__aligned_u64 rq_off;     /* struct xsrc_recv_ring, 0 with an SRQ */
+	__aligned_u64 rq_off;     /* struct xsrc_recv_ring; 0 with an SRQ and for XRC QPs */
 };
 
 /* Appended to ib_uverbs_create_srq_resp (CREATE_SRQ and CREATE_XSRQ). The

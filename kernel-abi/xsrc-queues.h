@@ -54,6 +54,15 @@ struct xsrc_arena_header {
  * One QP as every process on the device sees it. Written by the daemon on
  * create/modify/destroy; `state` may also be set to ERR (+1) by a provider
  * that detects an error on the data path (atomic).
+ *
+ * XRC: an XRC send QP (IBV_QPT_XRC_SEND) has pd_id and send_cq_off and no
+ * receive side (rq_off, recv_cq_off, srqn all 0). An XRC receive QP
+ * (IBV_QPT_XRC_RECV) has xrcd_id and nothing else to receive into (pd_id,
+ * rq_off, send_cq_off, recv_cq_off, srqn all 0): each message names an SRQ
+ * whose entry must be IBV_SRQT_XRC with the same xrcd_id, and the SRQ
+ * supplies the ring, the CQ, the PD and the owner. A receive QP is shared
+ * by every context that opened it; owner_pid/owner_context name the oldest
+ * remaining handle's context and may change while the QP lives.
  */
 struct xsrc_qp_entry {
 	__u32 state;          /* atomic; enum ibv_qp_state + 1, 0 = free */
@@ -69,16 +78,16 @@ struct xsrc_qp_entry {
 	__u8 retry_cnt;
 	__u8 timeout;
 	__u8 sq_sig_all;
-	__u32 pd_id;          /* device-wide PD id */
+	__u32 pd_id;          /* device-wide PD id; 0 for XRC receive QPs */
 	__u32 qkey;
 	__u32 access_flags;   /* IBV_ACCESS_REMOTE_{WRITE,READ,ATOMIC} */
 	__u32 dest_qpn;       /* RC/UC: the connected peer */
 	__u32 rq_psn;
 	__u32 sq_psn;
 	__u32 srqn;           /* 0 = the QP has its own receive queue */
-	__u32 xrcd_id;        /* XRC: the domain (0 = none) */
+	__u32 xrcd_id;        /* XRC receive QPs: the domain (0 = none) */
 	__u64 rq_off;         /* struct xsrc_recv_ring, 0 if none */
-	__u64 send_cq_off;    /* struct xsrc_cq_ring */
+	__u64 send_cq_off;    /* struct xsrc_cq_ring, 0 for XRC receive QPs */
 	__u64 recv_cq_off;    /* struct xsrc_cq_ring, 0 if none */
 	__u32 max_send_wr;
 	__u32 max_recv_wr;
@@ -111,9 +120,9 @@ struct xsrc_srq_entry {
 	__u32 owner_pid;
 	__u64 owner_context;
 	__u64 ring_off;       /* struct xsrc_recv_ring */
-	__u64 cq_off;         /* XRC SRQs: the completion queue */
+	__u64 cq_off;         /* XRC SRQs: the completion queue (follows RESIZE_CQ); else 0 */
 	__u32 pd_id;
-	__u32 xrcd_id;
+	__u32 xrcd_id;        /* XRC SRQs: the domain (>= 1); else 0 */
 	__u32 srq_type;       /* enum ibv_srq_type */
 	__u32 reserved;
 };

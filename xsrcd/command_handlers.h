@@ -38,6 +38,8 @@ int cmd_create_qp(Context &ctx, Caller &caller, const Request &req);
 int cmd_ex_create_qp(Context &ctx, Caller &caller, const Request &req);
 int cmd_query_qp(Context &ctx, Caller &caller, const Request &req);
 int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req);
+int cmd_open_qp(Context &ctx, Caller &caller, const Request &req);
+// Drops one handle; a shared XRC receive QP goes with its last handle.
 void release_qp(Context &ctx, uint32_t handle);
 // The state in the arena: the truth, since a provider may move a QP to ERR.
 ibv_qp_state qp_state(Device &dev, const Qp &qp);
@@ -58,6 +60,12 @@ int cmd_query_srq(Context &ctx, Caller &caller, const Request &req);
 int cmd_destroy_srq(Context &ctx, Caller &caller, const Request &req);
 void release_srq(Context &ctx, uint32_t handle);
 
+// xrc_commands.cpp
+int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req);
+int cmd_close_xrcd(Context &ctx, Caller &caller, const Request &req);
+// Drops one handle; the domain goes with its last handle.
+void release_xrcd(Context &ctx, uint32_t handle);
+
 // ah_commands.cpp
 int cmd_create_ah(Context &ctx, Caller &caller, const Request &req);
 int cmd_destroy_ah(Context &ctx, Caller &caller, const Request &req);
@@ -68,6 +76,7 @@ bool valid_sgid_index(const Device &dev, uint32_t index);
 // events.cpp
 int cmd_raise_event(Context &ctx, Caller &caller, const Request &req);
 // Async events on an object, to its owner's async pipe; counted when delivered.
+// An event on a shared XRC receive QP goes to every handle on it.
 void post_qp_event(Context &owner, Qp &qp, ibv_event_type type);
 void post_srq_event(Context &owner, Srq &srq, ibv_event_type type);
 void post_cq_event(Context &owner, Cq &cq, ibv_event_type type);

@@ -52,7 +52,10 @@ const std::array<CommandSpec, 256> &write_commands()
 		t[IB_USER_VERBS_CMD_MODIFY_SRQ] = spec<ib_uverbs_modify_srq>(cmd_modify_srq, false);
 		t[IB_USER_VERBS_CMD_QUERY_SRQ] = spec<ib_uverbs_query_srq>(cmd_query_srq, true);
 		t[IB_USER_VERBS_CMD_DESTROY_SRQ] = spec<ib_uverbs_destroy_srq>(cmd_destroy_srq, true);
+		t[IB_USER_VERBS_CMD_OPEN_XRCD] = spec<ib_uverbs_open_xrcd>(cmd_open_xrcd, true);
+		t[IB_USER_VERBS_CMD_CLOSE_XRCD] = spec<ib_uverbs_close_xrcd>(cmd_close_xrcd, false);
 		t[IB_USER_VERBS_CMD_CREATE_XSRQ] = spec<ib_uverbs_create_xsrq>(cmd_create_xsrq, true);
+		t[IB_USER_VERBS_CMD_OPEN_QP] = spec<ib_uverbs_open_qp>(cmd_open_qp, true);
 		t[XSRC_CMD_CHANNEL_POOL] = spec<xsrc_channel_pool>(cmd_channel_pool, true);
 		t[XSRC_CMD_RAISE_EVENT] = spec<xsrc_raise_event>(cmd_raise_event, false);
 		return t;
@@ -158,7 +161,9 @@ int execute_command(Context &ctx, Caller &caller, std::span<const std::byte> byt
 	return spec->handler(ctx, caller, req);
 }
 
-// Dependency order: what uses an object goes before it.
+// Dependency order: what uses an object goes before it. A shared XRC
+// receive QP survives while other contexts hold it; an XRC domain while
+// other contexts hold handles on it.
 void destroy_context_objects(Context &ctx)
 {
 	release_all<Qp>(ctx, release_qp);
@@ -167,6 +172,7 @@ void destroy_context_objects(Context &ctx)
 	release_all<Cq>(ctx, release_cq);
 	release_all<Mr>(ctx, release_mr);
 	release_all<Pd>(ctx, release_pd);
+	release_all<Xrcd>(ctx, release_xrcd);
 	ctx.objects.clear();
 	ctx.channels.clear();
 	ctx.channel_pool.clear();

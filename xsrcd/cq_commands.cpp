@@ -66,21 +66,21 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 	return err;
 }
 
-// Points every QP completing into the CQ at its new ring.
-void repoint_qps(Context &ctx, uint32_t cq_handle, uint64_t ring_off)
+// Points every QP and XRC SRQ completing into the CQ at its new ring.
+void repoint_queues(Context &ctx, uint32_t cq_handle, uint64_t ring_off)
 {
 	Arena &arena = *ctx.device->arena;
 	for (auto &[handle, obj] : ctx.objects) {
-		Qp *qp = std::get_if<Qp>(&obj);
-		if (!qp)
-			continue;
-		xsrc_qp_entry &e = arena.qp_entry(qp->index);
-		if (qp->send_cq_handle == cq_handle)
-			store_release<__u64>(e.send_cq_off, ring_off);
-		if (qp->recv_cq_handle == cq_handle)
-			store_release<__u64>(e.recv_cq_off, ring_off);
+		if (Qp *qp = std::get_if<Qp>(&obj)) {
+			xsrc_qp_entry &e = arena.qp_entry(qp->index);
+			if (qp->send_cq_handle == cq_handle)
+				store_release<__u64>(e.send_cq_off, ring_off);
+			if (qp->recv_cq_handle == cq_handle)
+				store_release<__u64>(e.recv_cq_off, ring_off);
+		} else if (Srq *srq = std::get_if<Srq>(&obj); srq && srq->cq_handle == cq_handle) {
+			store_release<__u64>(arena.srq_entry(srq->index).cq_off, ring_off);
+		}
 	}
-	// SRQs carry a CQ only for XRC (not created yet): nothing else points at a ring.
 }
 
 }  // namespace
@@ -148,7 +148,7 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 	cq->retired_rings.push_back(cq->ring_off);
 	cq->ring_off = new_off;
 	ctx.device->cqs_by_ring[new_off] = {&ctx, cmd.cq_handle};
-	repoint_qps(ctx, cmd.cq_handle, new_off);
+	repoint_queues(ctx, cmd.cq_handle, new_off);
 	return 0;
 }
 

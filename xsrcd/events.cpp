@@ -84,8 +84,18 @@ int raise_qp_event(Device &dev, uint64_t qpn, uint32_t kind)
 
 }  // namespace
 
+// A shared XRC receive QP's events go to every handle on it, each with its
+// own user handle and count, as the kernel's shared-QP event handler hands
+// them to every opened QP.
 void post_qp_event(Context &owner, Qp &qp, ibv_event_type type)
 {
+	if (qp.shared) {
+		for (const ObjectRef &ref : qp.shared->holders)
+			if (Qp *held = lookup<Qp>(*ref.ctx, ref.handle))
+				if (ref.ctx->post_async_event(held->user_handle, type))
+					++held->events_reported;
+		return;
+	}
 	if (owner.post_async_event(qp.user_handle, type))
 		++qp.events_reported;
 }

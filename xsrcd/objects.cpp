@@ -73,4 +73,10 @@ void SlotTable::release(uint32_t index)
 	}
 }
 
+void SlotTable::rebind(uint32_t index, ObjectRef ref)
+{
+	if (index < slots_.size() && slots_[index] && ref)
+		slots_[index] = ref;
+}
+
 }  // namespace xsrc

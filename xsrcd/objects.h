@@ -54,6 +54,7 @@ struct DeviceLimits {
 	static constexpr uint32_t max_srq = 16384;
 	static constexpr uint32_t max_srq_wr = 16384;
 	static constexpr uint32_t max_ah = 65536;
+	static constexpr uint32_t max_xrcd = 16384;  // XRC domains on the device
 	static constexpr uint32_t max_comp_channels_per_context = 1024;
 	static constexpr uint32_t max_msg_size = 1u << 31;
 	static constexpr uint32_t gid_tbl_len = 16;
@@ -127,27 +128,55 @@ struct QpCaps {
 	uint32_t max_inline_data = 0;
 };
 
+struct Context;
+
+// Names an object of some context of a device (device-wide tables).
+struct ObjectRef {
+	Context *ctx = nullptr;
+	uint32_t handle = 0;
+	explicit operator bool() const { return ctx != nullptr; }
+	bool operator==(const ObjectRef &) const = default;
+};
+
+// An XRC receive QP (IB_QPT_XRC_TGT) is shared: the creator and every
+// context that opens it by QPN (OPEN_QP) hold a handle of their own, and the
+// QP lives until the last of them goes. What belongs to the QP rather than
+// to a handle lives here.
+struct XrcTgtQp {
+	uint32_t xrcd_id = 0;            // its domain
+	QpAttributes attr;               // MODIFY_QP through any handle sets them
+	std::vector<ObjectRef> holders;  // every handle, oldest first
+};
+
+// A QP handle. The links are absent where the QP type has no such object:
+// XRC send QPs have no receive side, XRC receive QPs no PD and no CQs.
 struct Qp {
 	uint64_t user_handle = 0;
 	uint8_t qp_type = 0;         // enum ibv_qp_type
 	bool sq_sig_all = false;
-	uint32_t pd_handle = 0;
-	uint32_t send_cq_handle = 0;
-	uint32_t recv_cq_handle = 0;
+	std::optional<uint32_t> pd_handle;
+	std::optional<uint32_t> send_cq_handle;
+	std::optional<uint32_t> recv_cq_handle;
 	std::optional<uint32_t> srq_handle;
+	std::optional<uint32_t> xrcd_handle;  // XRC receive QPs: the handle it was created/opened through
+	std::shared_ptr<XrcTgtQp> shared;     // XRC receive QPs only
 	uint32_t index = 0;          // QP table slot: qpn = XSRC_QPN_BASE + index
-	uint64_t rq_off = 0;         // own receive ring, 0 with an SRQ
+	uint64_t rq_off = 0;         // own receive ring, 0 with an SRQ or without a receive queue
 	QpCaps caps;
-	QpAttributes attr;
-	uint32_t events_reported = 0;   // async events delivered (DESTROY_QP reports it)
+	QpAttributes attr;           // unused for XRC receive QPs (see attributes())
+	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
 	uint32_t qpn() const { return XSRC_QPN_BASE + index; }
+	QpAttributes &attributes() { return shared ? shared->attr : attr; }
+	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
 };
 
 struct Srq {
 	uint64_t user_handle = 0;
 	uint32_t pd_handle = 0;
 	uint32_t srq_type = 0;       // enum ibv_srq_type
+	std::optional<uint32_t> xrcd_handle;  // XRC SRQs: their domain
+	std::optional<uint32_t> cq_handle;    // XRC SRQs: where their receives complete
 	uint32_t index = 0;          // SRQ table slot: srqn = XSRC_SRQN_BASE + index
 	uint64_t ring_off = 0;
 	uint32_t max_wr = 0;
@@ -163,7 +192,14 @@ struct Ah {
 	ib_uverbs_ah_attr attr{};
 };
 
-using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah>;
+// A context's handle on an XRC domain (OPEN_XRCD). Every OPEN gives a new
+// handle, even on a domain the context already holds.
+struct Xrcd {
+	uint32_t xrcd_id = 0;    // device-wide, as in the arena tables
+	uint32_t use_count = 0;  // XRC SRQs and XRC receive QP handles through it
+};
+
+using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah, Xrcd>;
 
 struct Channel {
 	OwnedFd wr;                // daemon's copy of the pipe's write end
@@ -199,13 +235,6 @@ struct Context {
 	void prune_closed_channels();
 };
 
-// Names an object of some context of a device (device-wide tables).
-struct ObjectRef {
-	Context *ctx = nullptr;
-	uint32_t handle = 0;
-	explicit operator bool() const { return ctx != nullptr; }
-};
-
 // A fixed-size table of device-wide slots (QP and SRQ numbers). Slots are
 // handed out round robin, so that a number is not reused right away.
 class SlotTable {
@@ -214,6 +243,8 @@ public:
 	// A free slot for `ref`, or nothing when the table is full.
 	std::optional<uint32_t> allocate(ObjectRef ref);
 	void release(uint32_t index);
+	// Points a used slot at another object (a shared QP changing hands).
+	void rebind(uint32_t index, ObjectRef ref);
 	ObjectRef find(uint64_t index) const { return index < slots_.size() ? slots_[index] : ObjectRef{}; }
 	uint32_t used() const { return used_; }
 
@@ -240,6 +271,16 @@ struct Device {
 	SlotTable qp_slots{XSRC_QP_TABLE_LEN};
 	SlotTable srq_slots{XSRC_SRQ_TABLE_LEN};
 	std::map<uint64_t, ObjectRef> cqs_by_ring;  // every ring of every CQ -> its CQ
+
+	// XRC domains: alive while any context holds a handle on them. A domain
+	// opened through a file is named by that file's inode.
+	struct XrcDomain {
+		std::optional<std::pair<dev_t, ino_t>> inode;  // none: private (OPEN_XRCD with fd -1)
+		uint32_t handles = 0;                          // Xrcd objects in all contexts
+	};
+	uint32_t next_xrcd_id = 1;
+	std::map<uint32_t, XrcDomain> xrcds;                       // by xrcd_id
+	std::map<std::pair<dev_t, ino_t>, uint32_t> xrcds_by_inode;
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };

@@ -1,5 +1,12 @@
 // Queue pairs: creation (a QP table slot and, without an SRQ, a receive
 // ring in the arena), query and destruction. Modify is in qp_modify.cpp.
+//
+// XRC (as Linux does it): an XRC send QP (IB_QPT_XRC_INI) has a PD and a
+// send CQ and no receive side at all. An XRC receive QP (IB_QPT_XRC_TGT)
+// belongs to an XRC domain, not to a PD (libibverbs passes the domain's
+// handle in pd_handle), has no CQs and no queues (its messages name an XRC
+// SRQ of the domain), and is shared: OPEN_QP gives any context of the domain
+// a handle on it by QPN, and it lives until the last handle is destroyed.
 #include <cstring>
 
 #include "command_handlers.h"
@@ -45,15 +52,35 @@ int check_qp_type(uint8_t type)
 	case IBV_QPT_RC:
 	case IBV_QPT_UC:
 	case IBV_QPT_UD:
-		return 0;
-	case IBV_QPT_RAW_PACKET:
 	case IBV_QPT_XRC_SEND:
 	case IBV_QPT_XRC_RECV:
+		return 0;
+	case IBV_QPT_RAW_PACKET:
 	case IBV_QPT_DRIVER:
 		return EOPNOTSUPP;
 	default:
 		return EINVAL;
 	}
+}
+
+bool has_receive_side(uint8_t type)
+{
+	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD;
+}
+
+// What a QP type does not use is ignored, as the kernel ignores it: an XRC
+// send QP's receive CQ, SRQ and receive capabilities; an XRC receive QP's
+// CQs, SRQ and every capability (it has no queues; all of them read 0).
+QpInit normalise(QpInit init)
+{
+	if (init.qp_type == IBV_QPT_XRC_SEND) {
+		init.caps.max_recv_wr = init.caps.max_recv_sge = 0;
+		init.is_srq = false;
+	} else if (init.qp_type == IBV_QPT_XRC_RECV) {
+		init.caps = {};
+		init.is_srq = false;
+	}
+	return init;
 }
 
 // The objects a new QP links to: all of this context, of the right type.
@@ -62,14 +89,23 @@ struct QpLinks {
 	Cq *send_cq = nullptr;
 	Cq *recv_cq = nullptr;
 	Srq *srq = nullptr;
+	Xrcd *xrcd = nullptr;  // XRC receive QPs
 };
 
 int resolve_qp_links(Context &ctx, const QpInit &init, QpLinks &links)
 {
+	if (init.qp_type == IBV_QPT_XRC_RECV) {
+		links.xrcd = lookup<Xrcd>(ctx, init.pd_handle);
+		return links.xrcd ? 0 : EINVAL;
+	}
 	links.pd = lookup<Pd>(ctx, init.pd_handle);
 	links.send_cq = lookup<Cq>(ctx, init.send_cq_handle);
+	if (!links.pd || !links.send_cq)
+		return EINVAL;
+	if (init.qp_type == IBV_QPT_XRC_SEND)
+		return 0;
 	links.recv_cq = lookup<Cq>(ctx, init.recv_cq_handle);
-	if (!links.pd || !links.send_cq || !links.recv_cq)
+	if (!links.recv_cq)
 		return EINVAL;
 	if (init.is_srq) {
 		links.srq = lookup<Srq>(ctx, init.srq_handle);
@@ -110,11 +146,12 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 	e.owner_context = ctx.id;
 	e.qp_type = qp.qp_type;
 	e.sq_sig_all = qp.sq_sig_all;
-	e.pd_id = links.pd->pd_id;
+	e.pd_id = links.pd ? links.pd->pd_id : 0;
 	e.srqn = links.srq ? links.srq->srqn() : 0;
+	e.xrcd_id = links.xrcd ? links.xrcd->xrcd_id : 0;
 	e.rq_off = qp.rq_off;
-	e.send_cq_off = links.send_cq->ring_off;
-	e.recv_cq_off = links.recv_cq->ring_off;
+	e.send_cq_off = links.send_cq ? links.send_cq->ring_off : 0;
+	e.recv_cq_off = links.recv_cq ? links.recv_cq->ring_off : 0;
 	e.max_send_wr = qp.caps.max_send_wr;
 	e.max_recv_wr = qp.caps.max_recv_wr;
 	e.max_send_sge = qp.caps.max_send_sge;
@@ -135,21 +172,58 @@ uint64_t create_rq_ring(Context &ctx, const QpCaps &caps)
 	return off;
 }
 
-Qp new_qp(const QpInit &init)
+Qp new_qp(const QpInit &init, const QpLinks &links)
 {
 	Qp qp;
 	qp.user_handle = init.user_handle;
 	qp.qp_type = init.qp_type;
 	qp.sq_sig_all = init.sq_sig_all;
-	qp.pd_handle = init.pd_handle;
-	qp.send_cq_handle = init.send_cq_handle;
-	qp.recv_cq_handle = init.recv_cq_handle;
+	if (links.pd)
+		qp.pd_handle = init.pd_handle;
+	if (links.send_cq)
+		qp.send_cq_handle = init.send_cq_handle;
+	if (links.recv_cq)
+		qp.recv_cq_handle = init.recv_cq_handle;
+	if (links.xrcd)
+		qp.xrcd_handle = init.pd_handle;
 	qp.caps = init.caps;
-	if (init.is_srq) {
+	if (links.srq) {
 		qp.srq_handle = init.srq_handle;
 		qp.caps.max_recv_wr = qp.caps.max_recv_sge = 0;  // the SRQ's count
 	}
 	return qp;
+}
+
+// The shared QP's slot and arena entry name its oldest handle: the one whose
+// context answers for it (owner_pid / owner_context).
+void hand_over(Device &dev, const Qp &qp)
+{
+	ObjectRef next = qp.shared->holders.front();
+	dev.qp_slots.rebind(qp.index, next);
+	xsrc_qp_entry &e = dev.arena->qp_entry(qp.index);
+	store_release<__u32>(e.owner_pid, static_cast<__u32>(next.ctx->owner));
+	store_release<__u64>(e.owner_context, next.ctx->id);
+}
+
+// Drops a QP's reference on an object it links to.
+template <typename T>
+void unuse(Context &ctx, const std::optional<uint32_t> &handle)
+{
+	if (handle)
+		if (T *obj = lookup<T>(ctx, *handle))
+			--obj->use_count;
+}
+
+// A live XRC receive QP by number, through any of its handles.
+Qp *find_xrc_recv_qp(Device &dev, uint32_t qpn)
+{
+	if (qpn < XSRC_QPN_BASE)
+		return nullptr;
+	ObjectRef ref = dev.qp_slots.find(qpn - XSRC_QPN_BASE);
+	if (!ref)
+		return nullptr;
+	Qp *qp = lookup<Qp>(*ref.ctx, ref.handle);
+	return qp && qp->shared ? qp : nullptr;
 }
 
 int respond_created_qp(Caller &caller, const Request &req, uint32_t handle, const Qp &qp, bool extended)
@@ -170,10 +244,11 @@ int respond_created_qp(Caller &caller, const Request &req, uint32_t handle, cons
 	return respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp));
 }
 
-int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &init, bool extended)
+int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &request, bool extended)
 {
-	if (int err = check_qp_type(init.qp_type))
+	if (int err = check_qp_type(request.qp_type))
 		return err;
+	const QpInit init = normalise(request);
 	QpLinks links;
 	if (int err = resolve_qp_links(ctx, init, links))
 		return err;
@@ -185,8 +260,9 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &in
 	if (dev.qp_slots.used() >= DeviceLimits::max_qp)
 		return ENOMEM;
 
-	Qp qp = new_qp(init);
-	if (!init.is_srq && !(qp.rq_off = create_rq_ring(ctx, qp.caps)))
+	Qp qp = new_qp(init, links);
+	bool own_rq = has_receive_side(init.qp_type) && !init.is_srq;
+	if (own_rq && !(qp.rq_off = create_rq_ring(ctx, qp.caps)))
 		return ENOMEM;
 	uint32_t handle;
 	if (int err = insert_object(ctx, qp, handle)) {
@@ -201,11 +277,20 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &in
 	}
 	Qp &created = *lookup<Qp>(ctx, handle);
 	created.index = *index;
-	++links.pd->use_count;
-	++links.send_cq->use_count;
-	++links.recv_cq->use_count;
+	if (links.pd)
+		++links.pd->use_count;
+	if (links.send_cq)
+		++links.send_cq->use_count;
+	if (links.recv_cq)
+		++links.recv_cq->use_count;
 	if (links.srq)
 		++links.srq->use_count;
+	if (links.xrcd) {
+		created.shared = std::make_shared<XrcTgtQp>();
+		created.shared->xrcd_id = links.xrcd->xrcd_id;
+		created.shared->holders.push_back({&ctx, handle});
+		++links.xrcd->use_count;
+	}
 
 	if (int err = respond_created_qp(caller, req, handle, created, extended)) {
 		release_qp(ctx, handle);
@@ -265,7 +350,7 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 		return EINVAL;
 	if (int err = check_no_driver_data(req))
 		return err;
-	const QpAttributes &a = qp->attr;
+	const QpAttributes &a = qp->attributes();
 	ib_uverbs_query_qp_resp resp{};
 	resp.dest = a.dest;
 	resp.max_send_wr = qp->caps.max_send_wr;
@@ -294,28 +379,68 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 	return respond(caller, req, as_bytes_of(resp));
 }
 
+// Drops one handle. The QP goes with it unless it is a shared XRC receive QP
+// that other handles (in this or other contexts) still hold.
 void release_qp(Context &ctx, uint32_t handle)
 {
 	Qp *qp = lookup<Qp>(ctx, handle);
 	if (!qp)
 		return;
-	if (Device *dev = ctx.device) {
+	bool last = true;
+	if (qp->shared) {
+		std::erase(qp->shared->holders, ObjectRef{&ctx, handle});
+		last = qp->shared->holders.empty();
+		if (!last && ctx.device)
+			hand_over(*ctx.device, *qp);
+	}
+	if (Device *dev = ctx.device; dev && last) {
 		xsrc_qp_entry &e = dev->arena->qp_entry(qp->index);
 		store_release<__u32>(e.state, XSRC_QP_STATE_FREE);  // first: peers stop using it
 		clear_qp_entry(e);
 		dev->arena->release(qp->rq_off);  // quarantined: a peer may still hold the offset
 		dev->qp_slots.release(qp->index);
 	}
-	if (Pd *pd = lookup<Pd>(ctx, qp->pd_handle))
-		--pd->use_count;
-	if (Cq *cq = lookup<Cq>(ctx, qp->send_cq_handle))
-		--cq->use_count;
-	if (Cq *cq = lookup<Cq>(ctx, qp->recv_cq_handle))
-		--cq->use_count;
-	if (qp->srq_handle)
-		if (Srq *srq = lookup<Srq>(ctx, *qp->srq_handle))
-			--srq->use_count;
+	unuse<Pd>(ctx, qp->pd_handle);
+	unuse<Cq>(ctx, qp->send_cq_handle);
+	unuse<Cq>(ctx, qp->recv_cq_handle);
+	unuse<Srq>(ctx, qp->srq_handle);
+	unuse<Xrcd>(ctx, qp->xrcd_handle);
 	erase_object(ctx, handle);
+}
+
+// OPEN_QP: a handle on a live XRC receive QP of the domain the given XRC
+// domain handle names. Any other QP number, type or domain is EINVAL, as the
+// kernel's ib_open_qp answers.
+int cmd_open_qp(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_open_qp>(req.core);
+	Xrcd *xrcd = lookup<Xrcd>(ctx, cmd.pd_handle);
+	if (!xrcd || cmd.qp_type != IBV_QPT_XRC_RECV)
+		return EINVAL;
+	if (int err = check_no_driver_data(req))
+		return err;
+	const Qp *target = find_xrc_recv_qp(*ctx.device, cmd.qpn);
+	if (!target || target->shared->xrcd_id != xrcd->xrcd_id)
+		return EINVAL;
+
+	Qp qp;
+	qp.user_handle = cmd.user_handle;
+	qp.qp_type = IBV_QPT_XRC_RECV;
+	qp.sq_sig_all = target->sq_sig_all;
+	qp.xrcd_handle = cmd.pd_handle;
+	qp.shared = target->shared;
+	qp.index = target->index;
+	uint32_t handle;
+	if (int err = insert_object(ctx, std::move(qp), handle))
+		return err;
+	Qp &opened = *lookup<Qp>(ctx, handle);
+	opened.shared->holders.push_back({&ctx, handle});
+	++xrcd->use_count;
+	if (int err = respond_created_qp(caller, req, handle, opened, false)) {
+		release_qp(ctx, handle);
+		return err;
+	}
+	return 0;
 }
 
 int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req)

@@ -139,11 +139,32 @@ void report_last_wqe(Context &ctx, Qp &qp)
 	post_qp_event(ctx, qp, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
 
-int modify_qp(Context &ctx, const ib_uverbs_modify_qp &cmd)
+// Attributes an XRC QP does not have are ignored rather than refused, as the
+// kernel's uverbs layer drops them from the mask before the state machine
+// sees it: applications set up both XRC sides with their RC code. The send
+// side has no responder resources, the receive side no requester ones.
+uint32_t applicable_mask(uint8_t qp_type, uint32_t mask)
 {
-	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
+	switch (qp_type) {
+	case IBV_QPT_XRC_SEND:
+		return mask & ~static_cast<uint32_t>(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	case IBV_QPT_XRC_RECV:
+		return mask & ~static_cast<uint32_t>(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT |
+						     IBV_QP_RNR_RETRY);
+	default:
+		return mask;
+	}
+}
+
+// Through any handle of a shared XRC receive QP: the attributes and the
+// state are the QP's.
+int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
+{
+	Qp *qp = lookup<Qp>(ctx, request.qp_handle);
 	if (!qp)
 		return EINVAL;
+	ib_uverbs_modify_qp cmd = request;
+	cmd.attr_mask = applicable_mask(qp->qp_type, request.attr_mask);
 	Device &dev = *ctx.device;
 	const uint32_t mask = cmd.attr_mask;
 	ibv_qp_state cur = qp_state(dev, *qp);
@@ -158,9 +179,10 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &cmd)
 	if (int err = check_attribute_values(dev, cmd))
 		return err;
 
-	apply_attributes(qp->attr, cmd);
+	QpAttributes &attr = qp->attributes();
+	apply_attributes(attr, cmd);
 	xsrc_qp_entry &entry = dev.arena->qp_entry(qp->index);
-	publish_attributes(entry, qp->attr, next);
+	publish_attributes(entry, attr, next);
 	if (next == IBV_QPS_RESET) {
 		// Reset empties the queues; the state is already RESET for peers.
 		if (qp->rq_off)

@@ -1,5 +1,7 @@
 // Shared receive queues: an SRQ table slot and a receive ring in the arena
-// that the owner posts to and initiators in any process consume from.
+// that the owner posts to and initiators in any process consume from. An XRC
+// SRQ also names its XRC domain and the CQ its receives complete to: an XRC
+// message names the SRQ, which must be of the receive QP's domain.
 #include <cstring>
 
 #include "command_handlers.h"
@@ -14,29 +16,40 @@ struct SrqInit {
 	uint32_t pd_handle = 0;
 	uint32_t max_wr = 0;
 	uint32_t max_sge = 0;
+	uint32_t srq_type = IBV_SRQT_BASIC;
+	uint32_t xrcd_handle = 0;  // XRC only
+	uint32_t cq_handle = 0;    // XRC only
 };
 
-void publish_srq(Context &ctx, const Srq &srq, const Pd &pd)
+void publish_srq(Context &ctx, const Srq &srq, const Pd &pd, const Cq *cq, const Xrcd *xrcd)
 {
 	xsrc_srq_entry &e = ctx.device->arena->srq_entry(srq.index);
 	e.owner_pid = static_cast<__u32>(ctx.owner);
 	e.owner_context = ctx.id;
 	e.ring_off = srq.ring_off;
-	e.cq_off = 0;
+	e.cq_off = cq ? cq->ring_off : 0;
 	e.pd_id = pd.pd_id;
-	e.xrcd_id = 0;
+	e.xrcd_id = xrcd ? xrcd->xrcd_id : 0;
 	e.srq_type = srq.srq_type;
 	e.reserved = 0;
 	store_release<__u32>(e.srqn, srq.srqn());  // last: the entry is complete
 }
 
-// Shared by CREATE_SRQ and CREATE_XSRQ (basic SRQs). The SRQ limit of the
-// request is ignored, as verbs defines it: a new SRQ is not armed.
+// Shared by CREATE_SRQ and CREATE_XSRQ (basic and XRC SRQs). The SRQ limit
+// of the request is ignored, as verbs defines it: a new SRQ is not armed.
 int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &init)
 {
 	Pd *pd = lookup<Pd>(ctx, init.pd_handle);
 	if (!pd)
 		return EINVAL;
+	Xrcd *xrcd = nullptr;
+	Cq *cq = nullptr;
+	if (init.srq_type == IBV_SRQT_XRC) {
+		xrcd = lookup<Xrcd>(ctx, init.xrcd_handle);
+		cq = lookup<Cq>(ctx, init.cq_handle);
+		if (!xrcd || !cq)
+			return EINVAL;
+	}
 	if (init.max_wr == 0 || init.max_wr > DeviceLimits::max_srq_wr || init.max_sge > DeviceLimits::max_sge)
 		return EINVAL;
 	if (int err = check_no_driver_data(req))
@@ -53,7 +66,11 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	Srq srq;
 	srq.user_handle = init.user_handle;
 	srq.pd_handle = init.pd_handle;
-	srq.srq_type = IBV_SRQT_BASIC;
+	srq.srq_type = init.srq_type;
+	if (xrcd) {
+		srq.xrcd_handle = init.xrcd_handle;
+		srq.cq_handle = init.cq_handle;
+	}
 	srq.ring_off = ring_off;
 	srq.max_wr = init.max_wr;
 	srq.max_sge = init.max_sge;
@@ -71,6 +88,10 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	Srq &created = *lookup<Srq>(ctx, handle);
 	created.index = *index;
 	++pd->use_count;
+	if (xrcd) {
+		++xrcd->use_count;
+		++cq->use_count;
+	}
 
 	ib_uverbs_create_srq_resp resp{};
 	resp.srq_handle = handle;
@@ -83,7 +104,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 		release_srq(ctx, handle);
 		return err;
 	}
-	publish_srq(ctx, created, *pd);
+	publish_srq(ctx, created, *pd, cq, xrcd);
 	return 0;
 }
 
@@ -98,16 +119,21 @@ int cmd_create_srq(Context &ctx, Caller &caller, const Request &req)
 int cmd_create_xsrq(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_create_xsrq>(req.core);
+	SrqInit init{cmd.user_handle, cmd.pd_handle, cmd.max_wr, cmd.max_sge};
 	switch (cmd.srq_type) {
 	case IBV_SRQT_BASIC:
 		break;  // the XRC domain, CQ and tag fields do not apply
 	case IBV_SRQT_XRC:
+		init.srq_type = IBV_SRQT_XRC;
+		init.xrcd_handle = cmd.xrcd_handle;
+		init.cq_handle = cmd.cq_handle;
+		break;
 	case IBV_SRQT_TM:
 		return EOPNOTSUPP;
 	default:
 		return EINVAL;
 	}
-	return create_srq(ctx, caller, req, {cmd.user_handle, cmd.pd_handle, cmd.max_wr, cmd.max_sge});
+	return create_srq(ctx, caller, req, init);
 }
 
 // IBV_SRQ_LIMIT arms (or with 0 disarms) the limit event. IBV_SRQ_MAX_WR may
@@ -177,6 +203,12 @@ void release_srq(Context &ctx, uint32_t handle)
 	}
 	if (Pd *pd = lookup<Pd>(ctx, srq->pd_handle))
 		--pd->use_count;
+	if (srq->xrcd_handle)
+		if (Xrcd *xrcd = lookup<Xrcd>(ctx, *srq->xrcd_handle))
+			--xrcd->use_count;
+	if (srq->cq_handle)
+		if (Cq *cq = lookup<Cq>(ctx, *srq->cq_handle))
+			--cq->use_count;
 	erase_object(ctx, handle);
 }
 

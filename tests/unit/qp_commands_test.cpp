@@ -226,8 +226,10 @@ TEST_F(QpCommandsTest, CreateChecksHandlesAndTypes)
 	s = qp_spec();
 	s.srq = pd0;  // is_srq with a handle that is no SRQ
 	EXPECT_EQ(create_qp(s, qp), EINVAL);
-	for (uint8_t type : {IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER})
+	for (uint8_t type : {IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER})
 		EXPECT_EQ(create_qp(qp_spec(type), qp), EOPNOTSUPP) << int(type);
+	// An XRC receive QP names an XRC domain where the others name a PD.
+	EXPECT_EQ(create_qp(qp_spec(IBV_QPT_XRC_RECV), qp), EINVAL);
 	EXPECT_EQ(create_qp(qp_spec(42), qp), EINVAL);
 
 	Resp<ib_uverbs_create_qp_resp, xsrc_create_qp_resp> resp;
@@ -622,9 +624,9 @@ TEST_F(QpCommandsTest, DrainingAndErrorsRaiseTheirEvents)
 	EXPECT_EQ(reported, 1u);
 }
 
-TEST_F(QpCommandsTest, TableCoversXrcForLater)
+TEST_F(QpCommandsTest, TableCoversXrc)
 {
-	// Not creatable yet, but the table already knows their columns.
+	// XRC QPs are driven through these columns (xrc_commands_test.cpp).
 	EXPECT_TRUE(qp_modify_allowed(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_XRC_RECV,
 				      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN));
 	EXPECT_FALSE(qp_modify_allowed(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_XRC_SEND,

@@ -111,8 +111,10 @@ TEST_F(SrqAhEventTest, SrqCreateValidates)
 	x.pd_handle = pd0;
 	x.max_wr = 8;
 	x.max_sge = 1;
-	x.srq_type = IBV_SRQT_XRC;
-	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EOPNOTSUPP);
+	x.srq_type = IBV_SRQT_XRC;  // without an XRC domain handle (xrc_commands_test.cpp has them)
+	x.xrcd_handle = pd0;
+	x.cq_handle = cq0;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
 	x.srq_type = IBV_SRQT_TM;
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EOPNOTSUPP);
 	x.srq_type = 7;
