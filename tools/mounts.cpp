@@ -51,8 +51,13 @@ int detach_fuse_mounts(const fs::path &mount_point)
 		// umount2 removes the top of the stack: stop at anything that is not FUSE.
 		if (types.empty() || !types.back().starts_with("fuse"))
 			return detached;
-		if (umount2(mount_point.c_str(), MNT_DETACH) != 0)
+		if (umount2(mount_point.c_str(), MNT_DETACH) != 0) {
+			// Listed but not reachable at that path (hidden under another
+			// mount, e.g. in a container's namespace): not ours to clean.
+			if (errno == ENOENT || errno == EINVAL)
+				return detached;
 			throw CliError("cannot unmount " + mount_point.string() + ": " + errno_text(errno));
+		}
 	}
 }
 

@@ -67,7 +67,9 @@ uint64_t cq_ring_pending(xsrc_cq_ring &ring)
 
 uint32_t recv_ring_entries(uint32_t max_wr)
 {
-	return static_cast<uint32_t>(std::max<uint64_t>(pow2_at_least(uint64_t(max_wr) + 1), 2));
+	// Twice what is posted at most: a consumer that claimed a slot and was
+	// preempted before releasing it is a whole lap behind the producer.
+	return static_cast<uint32_t>(std::max<uint64_t>(pow2_at_least(2 * (uint64_t(max_wr) + 1)), 2));
 }
 
 uint32_t recv_ring_stride(uint32_t max_sge)

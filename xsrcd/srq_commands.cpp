@@ -155,7 +155,7 @@ int cmd_modify_srq(Context &ctx, Caller &, const Request &req)
 	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
 		if (cmd.max_wr == 0 || cmd.max_wr > DeviceLimits::max_srq_wr)
 			return EINVAL;
-		if (cmd.max_wr >= ring.num_entries)
+		if (recv_ring_entries(cmd.max_wr) > ring.num_entries)  // keep the ring's slack
 			return EOPNOTSUPP;
 		if (cmd.max_wr < recv_ring_pending(ring))
 			return EINVAL;

@@ -6,6 +6,8 @@
 
 #include <xsrc-queues.h>
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +80,10 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
 		if (dif == 0) {
 			// The application's cqe, not the ring's capacity, is the limit.
 			uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+			if (static_cast<int64_t>(pos - head) < 0) {
+				pos = tail.load(std::memory_order_relaxed);  // ours is stale
+				continue;
+			}
 			if (pos - head >= ring->cqe)
 				return false;
 			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
@@ -135,8 +141,14 @@ inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge,
 	if (pos - head >= ring->max_wr)
 		return false;
 	xsrc_recv_wqe *slot = recv_slot(ring, pos);
-	if (atomic(slot->seq).load(std::memory_order_acquire) != pos)
-		return false;  // a consumer is still copying the previous lap's WQE out
+	// A consumer that claimed this slot a lap ago may still be copying it
+	// out (or was preempted doing so): give it a moment.
+	for (unsigned spins = 0; atomic(slot->seq).load(std::memory_order_acquire) != pos; ++spins) {
+		if (spins == 4096)
+			return false;
+		if (spins % 64 == 63)
+			sched_yield();
+	}
 	slot->wr_id = wr_id;
 	slot->num_sge = num_sge;
 	std::memcpy(recv_sges(slot), sge, num_sge * sizeof(xsrc_sge));

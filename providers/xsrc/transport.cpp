@@ -124,24 +124,34 @@ ibv_wc_status remote_scatter(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe
 	return capacity < len ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
 }
 
-// Copies local iovecs into the responder's memory. process_vm_writev may stop
-// short at a segment boundary; finish the rest.
-bool write_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
-		  uint64_t total)
-{
-	if (total == 0)
-		return true;
-	ssize_t n = process_vm_writev(pid, local, nlocal, remote, nremote, 0);
-	return n >= 0 && static_cast<uint64_t>(n) == total;
-}
-
-bool read_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
+// Copies local iovecs into the responder's memory, or from it. Returns 0, or
+// ESRCH when the responder's process is gone (its QP is unreachable, not in
+// error), or EFAULT.
+int write_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
 		 uint64_t total)
 {
 	if (total == 0)
-		return true;
+		return 0;
+	ssize_t n = process_vm_writev(pid, local, nlocal, remote, nremote, 0);
+	if (n < 0 && errno == ESRCH)
+		return ESRCH;
+	return n >= 0 && static_cast<uint64_t>(n) == total ? 0 : EFAULT;
+}
+
+int read_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
+		uint64_t total)
+{
+	if (total == 0)
+		return 0;
 	ssize_t n = process_vm_readv(pid, local, nlocal, remote, nremote, 0);
-	return n >= 0 && static_cast<uint64_t>(n) == total;
+	if (n < 0 && errno == ESRCH)
+		return ESRCH;
+	return n >= 0 && static_cast<uint64_t>(n) == total ? 0 : EFAULT;
+}
+
+Result unreachable()
+{
+	return {Attempt::unreachable, IBV_WC_SUCCESS, 0, 0};
 }
 
 // The device-wide lock that makes atomics atomic with respect to each other
@@ -277,6 +287,20 @@ void responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe,
 		complete_on(ctx, r.cq_off, make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qp->qpn));
 }
 
+// An RC/XRC remote access violation (IBTA class C): the responder NAKs, its
+// QP goes to error and its own receives are flushed; the requester gets
+// IBV_WC_REM_ACCESS_ERR. (An SRQ's receives stay posted: it is shared.)
+Result responder_access_error(xsrc_context *ctx, Responder &r)
+{
+	if (r.qp->qp_type == IBV_QPT_RC || r.qp->qp_type == IBV_QPT_XRC_RECV) {
+		set_qp_error(r.qp);
+		xsrc::RecvWqe rest;
+		while (!r.srq && r.rq && xsrc::recv_pop(r.rq, rest))
+			complete_on(ctx, r.cq_off, make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qp->qpn));
+	}
+	return fail(IBV_WC_REM_ACCESS_ERR);
+}
+
 // SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
 // receive is consumed and completed. `write_data` moves the payload once the
 // receive buffers (for SEND) are known.
@@ -334,9 +358,11 @@ Result deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Respond
 		}
 		for (size_t i = 0; i < local.count; ++i)
 			src[nsrc++] = local.iov[i];
-		if (!write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
+		if (int err = write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
 			if (ud)
 				return {};
+			if (err == ESRCH)
+				return unreachable();
 			responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR);
 			return fail(IBV_WC_REM_OP_ERR);
 		}
@@ -362,7 +388,7 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		break;
 	}
 	if ((r.qp->access_flags & need) != need)
-		return fail(IBV_WC_REM_ACCESS_ERR);
+		return responder_access_error(ctx, r);
 
 	bool is_atomic = need == IBV_ACCESS_REMOTE_ATOMIC;
 	bool is_read = need == IBV_ACCESS_REMOTE_READ;
@@ -379,7 +405,7 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 	uint64_t va;
 	if (!mr_range(live_mr(ctx->arena, wqe.rkey), r.owner_pid, r.rkey_pd_id, wqe.remote_addr,
 		      local.total, need, va))
-		return fail(IBV_WC_REM_ACCESS_ERR);
+		return responder_access_error(ctx, r);
 	iovec remote{reinterpret_cast<void *>(va), local.total};
 	pid_t peer = static_cast<pid_t>(r.owner_pid);
 
@@ -388,23 +414,25 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		iovec orig_iov{&original, 8};
 		{
 			AtomicLock lock(ctx->arena, r.owner_pid, va, static_cast<uint32_t>(ctx->pid));
-			if (!read_remote(peer, &orig_iov, 1, &remote, 1, 8))
-				return fail(IBV_WC_REM_ACCESS_ERR);
+			if (int err = read_remote(peer, &orig_iov, 1, &remote, 1, 8))
+				return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
 			uint64_t value = original;
 			if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
 				value = original + wqe.compare_add;
 			else if (original == wqe.compare_add)
 				value = wqe.swap;
 			iovec val_iov{&value, 8};
-			if (value != original && !write_remote(peer, &val_iov, 1, &remote, 1, 8))
-				return fail(IBV_WC_REM_ACCESS_ERR);
+			if (value != original) {
+				if (int err = write_remote(peer, &val_iov, 1, &remote, 1, 8))
+					return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+			}
 		}
 		std::memcpy(local.iov[0].iov_base, &original, 8);
 		return {Attempt::done, IBV_WC_SUCCESS, 8, 0};
 	}
 	if (is_read) {
-		if (!read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
-			return fail(IBV_WC_REM_ACCESS_ERR);
+		if (int err = read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
+			return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
 		return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
 	}
 	// RDMA WRITE WITH IMM also consumes a receive: make sure one is there
@@ -414,8 +442,8 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 			return {Attempt::rnr, IBV_WC_SUCCESS, 0, r.qp->min_rnr_timer};
 		return {};
 	}
-	if (!write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
-		return fail(IBV_WC_REM_ACCESS_ERR);
+	if (int err = write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
+		return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
 	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
 		return deliver(ctx, qp, wqe, r, local, false, reliable(qp->type));
 	return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
@@ -434,6 +462,11 @@ Result execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 	}
 	if (qp->type == IBV_QPT_XRC_SEND && !use_xrc_srq(ctx, wqe.remote_srqn, r))
 		return fail(IBV_WC_REM_INV_REQ_ERR);
+	// A retry: is anyone still there? A dead owner whose command file lives
+	// on (a child holds it) keeps its QP in the table, but nothing answers.
+	bool retry = wqe.rnr_retries_left >= 0 || wqe.retries_left >= 0;
+	if (retry && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH)
+		return unreachable();
 
 	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {
 		if (ud) {

@@ -161,7 +161,7 @@ TEST_F(QpCommandsTest, CreatePublishesAResetQpAndItsReceiveRing)
 
 	ASSERT_NE(qp.drv.rq_off, 0u);
 	auto &rq = arena().at<xsrc_recv_ring>(qp.drv.rq_off);
-	EXPECT_EQ(rq.num_entries, 128u);  // pow2 >= 100 + 1
+	EXPECT_EQ(rq.num_entries, 256u);  // pow2 >= 2 * (100 + 1)
 	EXPECT_EQ(rq.stride, 128u);       // 24 + 3 * 16 = 72, 64-aligned
 	EXPECT_EQ(rq.max_wr, 100u);
 	EXPECT_EQ(rq.max_sge, 3u);

@@ -84,7 +84,7 @@ TEST_F(SrqAhEventTest, SrqCreatePublishesEntryAndRing)
 	EXPECT_EQ(e.srq_type, uint32_t(IBV_SRQT_BASIC));
 	EXPECT_EQ(e.cq_off, 0u);
 	auto &ring = arena().at<xsrc_recv_ring>(drv.ring_off);
-	EXPECT_EQ(ring.num_entries, 128u);
+	EXPECT_EQ(ring.num_entries, 256u);  // pow2 >= 2 * (100 + 1)
 	EXPECT_EQ(ring.stride, 128u);  // 24 + 4 * 16 = 88, 64-aligned
 	EXPECT_EQ(ring.max_wr, 100u);
 	EXPECT_EQ(ring.max_sge, 4u);
@@ -129,7 +129,7 @@ TEST_F(SrqAhEventTest, SrqLimitAndResizeWithinTheRing)
 {
 	uint32_t srq;
 	xsrc_create_srq_resp drv{};
-	ASSERT_EQ(create_srq(pd0, 100, 1, srq, nullptr, &drv), 0);  // a ring of 128
+	ASSERT_EQ(create_srq(pd0, 100, 1, srq, nullptr, &drv), 0);  // a ring of 256
 	auto &ring = arena().at<xsrc_recv_ring>(drv.ring_off);
 
 	ASSERT_EQ(modify_srq(srq, IBV_SRQ_LIMIT, 0, 10), 0);
