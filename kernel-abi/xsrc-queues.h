@@ -143,10 +143,18 @@ struct xsrc_cq_ring {
 	__u32 armed;          /* atomic; XSRC_CQ_ARMED_* */
 	__u32 overflow;       /* atomic; set when a completion found the ring full */
 	__u32 owner_pid;
-	__u32 reserved;
+	__u32 payload_stride; /* bytes of payload slot per entry (0: none) */
 	__u64 reserved2[3];
-	/* struct xsrc_cqe entries[num_entries] follow (64-byte aligned) */
+	/* struct xsrc_cqe entries[num_entries] follow (64-byte aligned), then
+	 * num_entries payload slots of payload_stride bytes each */
 };
+
+/* Small SENDs travel in the CQ ring: the initiator copies the payload into
+ * the payload slot of the completion it writes and marks it
+ * XSRC_CQE_DEFERRED; the owner's poll copies it to deferred_va (a receive
+ * buffer the initiator has validated) before the completion is reported.
+ * No system call on either side. */
+#define XSRC_CQ_PAYLOAD_STRIDE 256
 
 enum {
 	XSRC_CQ_ARMED_NONE = 0,
@@ -156,6 +164,7 @@ enum {
 
 enum {
 	XSRC_CQE_SOLICITED = 1 << 0,  /* in xsrc_cqe.flags: raise a solicited event */
+	XSRC_CQE_DEFERRED = 1 << 1,   /* byte_len bytes in the payload slot go to deferred_va */
 };
 
 struct xsrc_cqe {
@@ -175,7 +184,7 @@ struct xsrc_cqe {
 	__u8 dlid_path_bits;
 	__u8 flags;           /* XSRC_CQE_* */
 	__u8 reserved;
-	__u32 reserved2[2];
+	__u64 deferred_va;    /* XSRC_CQE_DEFERRED: where the payload goes */
 };
 
 struct xsrc_sge {

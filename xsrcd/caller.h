@@ -40,6 +40,7 @@ public:
 	int take_fd(int fd) override;
 	int check_mapped(uint64_t addr, uint64_t length, bool writable) override;
 	pid_t pid() const override { return tgid_; }
+	int pidfd() const { return pidfd_; }  // readable once the process has exited
 
 private:
 	pid_t tgid_;

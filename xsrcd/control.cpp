@@ -64,14 +64,21 @@ void ControlServer::serve()
 {
 	std::vector<char> buf(kControlMaxMessage);
 	for (;;) {
-		pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-		if (poll(fds, 2, -1) < 0) {
+		// The daemon's owner watch rides on this loop: it is as idle.
+		pollfd fds[3] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0},
+				 {daemon_.owner_watch_fd(), POLLIN, 0}};
+		if (poll(fds, 3, -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			return;
 		}
 		if (fds[1].revents)
 			return;
+		if (fds[2].revents) {
+			daemon_.owner_exits();
+			if (!(fds[0].revents & POLLIN))
+				continue;
+		}
 		int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
 		if (conn < 0)
 			continue;

@@ -1,5 +1,7 @@
 #include "daemon.h"
 
+#include <sys/epoll.h>
+
 #include <infiniband/verbs.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "command_handlers.h"
 #include "commands.h"
 #include "device.h"
 #include "xsrc-abi.h"
@@ -38,6 +41,7 @@ bool thread_of(pid_t tid, pid_t tgid)
 Daemon::Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir)
 	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root)), shm_dir_(std::move(shm_dir))
 {
+	owner_watch_ = OwnedFd(epoll_create1(EPOLL_CLOEXEC));
 }
 
 Daemon::~Daemon()
@@ -217,6 +221,10 @@ int Daemon::open_context(const std::string &device, pid_t tid, uid_t uid, uint64
 	ctx->caller = std::move(caller);
 	dev->contexts.push_back(ctx.get());
 	id = ctx->id;
+	epoll_event ev{};
+	ev.events = EPOLLIN;
+	ev.data.u64 = id;
+	epoll_ctl(owner_watch_.get(), EPOLL_CTL_ADD, ctx->caller->pidfd(), &ev);
 	contexts_.emplace(id, std::move(ctx));
 	return 0;
 }
@@ -255,6 +263,8 @@ void Daemon::release_context(uint64_t id)
 	if (it == contexts_.end())
 		return;
 	Context &ctx = *it->second;
+	if (ctx.caller)
+		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, ctx.caller->pidfd(), nullptr);
 	destroy_context_objects(ctx);
 	if (ctx.device)
 		std::erase(ctx.device->contexts, &ctx);
@@ -280,6 +290,31 @@ size_t Daemon::object_count()
 		n += ctx->object_count();
 	}
 	return n;
+}
+
+void Daemon::owner_exits()
+{
+	epoll_event events[16];
+	int n = epoll_wait(owner_watch_.get(), events, 16, 0);
+	for (int i = 0; i < n; ++i)
+		on_owner_exit(events[i].data.u64);
+}
+
+void Daemon::on_owner_exit(uint64_t id)
+{
+	std::lock_guard lock(mu_);
+	auto it = contexts_.find(id);
+	if (it == contexts_.end())
+		return;
+	Context &ctx = *it->second;
+	// Once: the pidfd stays readable.
+	if (ctx.caller)
+		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, ctx.caller->pidfd(), nullptr);
+	if (!ctx.device)
+		return;
+	for (auto &[handle, obj] : ctx.objects)
+		if (auto *qp = std::get_if<Qp>(&obj); qp && !qp->shared)
+			qp_enter_error(ctx, *qp);
 }
 
 }  // namespace xsrc

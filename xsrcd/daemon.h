@@ -44,6 +44,15 @@ public:
 
 	size_t object_count();  // every object of every context, for tests
 
+	// The owner of a context exited while its command file lives on (a child
+	// holds it): its memory is gone, so its QPs go to error and peers see
+	// them unreachable. The owner watch calls this.
+	void on_owner_exit(uint64_t id);
+	// An epoll fd that becomes readable when some context's owner exits;
+	// drain it with owner_exits().
+	int owner_watch_fd() const { return owner_watch_.get(); }
+	void owner_exits();
+
 private:
 	Device *find_device_locked(const std::string &name);
 	void detach_device_locked(Device &dev);
@@ -55,6 +64,7 @@ private:
 	std::map<std::string, std::unique_ptr<Device>> devices_;
 	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
 	uint64_t next_context_id_ = 1;
+	OwnedFd owner_watch_;  // epoll over the owners' pidfds
 };
 
 }  // namespace xsrc

@@ -44,7 +44,7 @@ uint32_t cq_ring_entries(uint32_t cqe)
 
 uint64_t cq_ring_bytes(uint32_t entries)
 {
-	return sizeof(xsrc_cq_ring) + uint64_t(entries) * sizeof(xsrc_cqe);
+	return sizeof(xsrc_cq_ring) + uint64_t(entries) * (sizeof(xsrc_cqe) + XSRC_CQ_PAYLOAD_STRIDE);
 }
 
 void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner)
@@ -52,6 +52,7 @@ void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owne
 	ring.num_entries = entries;
 	ring.cqe = cqe;
 	ring.owner_pid = static_cast<__u32>(owner);
+	ring.payload_stride = XSRC_CQ_PAYLOAD_STRIDE;
 	xsrc_cqe *slots = cq_slots(ring);
 	for (uint32_t i = 0; i < entries; ++i)
 		store_release<__u64>(slots[i].seq, i);

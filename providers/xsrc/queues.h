@@ -7,6 +7,7 @@
 #include <xsrc-queues.h>
 
 #include <sched.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cstddef>
@@ -68,8 +69,22 @@ inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
 	return &slots[pos & (ring->num_entries - 1)];
 }
 
+inline unsigned char *cq_payload(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(cq_slot(ring, 0));
+	return slots + uint64_t(ring->num_entries) * sizeof(xsrc_cqe) +
+	       (pos & (ring->num_entries - 1)) * ring->payload_stride;
+}
+
+// A payload that travels with a completion (XSRC_CQE_DEFERRED): gathered
+// from these buffers of ours into the slot.
+struct CqPayload {
+	const struct iovec *iov = nullptr;
+	size_t count = 0;
+};
+
 // Appends a completion. False when the CQ is full (an overrun).
-inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {})
 {
 	auto tail = atomic(ring->tail);
 	__u64 pos = tail.load(std::memory_order_relaxed);
@@ -90,6 +105,11 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
 				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
 					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
 					    sizeof(cqe) - sizeof(cqe.seq));
+				unsigned char *dst = payload.count ? cq_payload(ring, pos) : nullptr;
+				for (size_t i = 0; i < payload.count; ++i) {
+					std::memcpy(dst, payload.iov[i].iov_base, payload.iov[i].iov_len);
+					dst += payload.iov[i].iov_len;
+				}
 				atomic(slot->seq).store(pos + 1, std::memory_order_release);
 				return true;
 			}
@@ -109,6 +129,8 @@ inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out)
 	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
 		return false;
 	out = *slot;
+	if ((out.flags & XSRC_CQE_DEFERRED) && out.byte_len <= ring->payload_stride)
+		std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos), out.byte_len);
 	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
 	atomic(ring->head).store(pos + 1, std::memory_order_release);
 	return true;

@@ -255,10 +255,10 @@ xsrc_cqe make_cqe(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, ui
 	return c;
 }
 
-void complete_on(xsrc_context *ctx, uint64_t cq_off, const xsrc_cqe &cqe)
+void complete_on(xsrc_context *ctx, uint64_t cq_off, const xsrc_cqe &cqe, xsrc::CqPayload payload = {})
 {
 	if (auto *ring = ctx->arena.at<xsrc_cq_ring>(cq_off))
-		xsrc_cq_complete(ctx, ring, cq_off, cqe);
+		xsrc_cq_complete(ctx, ring, cq_off, cqe, payload);
 }
 
 // After a receive WQE was consumed from an SRQ: raise the limit event once.
@@ -358,6 +358,15 @@ Result deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Respond
 		}
 		for (size_t i = 0; i < local.count; ++i)
 			src[nsrc++] = local.iov[i];
+		// Small and into one buffer: the payload rides in the CQ ring and
+		// the owner's poll places it — no system call on either side.
+		auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
+		if (!ud && nremote == 1 && len <= (ring ? ring->payload_stride : 0)) {
+			c.flags |= XSRC_CQE_DEFERRED;
+			c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
+			complete_on(ctx, r.cq_off, c, {src.data(), nsrc});
+			return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
+		}
 		if (int err = write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
 			if (ud)
 				return {};
@@ -602,11 +611,12 @@ void xsrc_raise(xsrc_context *ctx, uint32_t kind, uint64_t object)
 	errno = saved;
 }
 
-void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe)
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
+		      xsrc::CqPayload payload)
 {
 	if (!ring_off)
 		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
-	if (!xsrc::cq_push(ring, cqe)) {
+	if (!xsrc::cq_push(ring, cqe, payload)) {
 		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
 			xsrc_raise(ctx, XSRC_EVENT_CQ_ERR, ring_off);
 		return;

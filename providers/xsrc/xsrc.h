@@ -256,7 +256,8 @@ uint64_t xsrc_sq_progress(xsrc_qp *qp);
 // Completes every queued WQE with IBV_WC_WR_FLUSH_ERR and drains the RQ.
 void xsrc_qp_flush(xsrc_qp *qp);
 // A completion for a CQ: pushes it and raises the event / overrun.
-void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe);
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
+		      xsrc::CqPayload payload = {});
 // XSRC_CMD_RAISE_EVENT through our command file.
 void xsrc_raise(xsrc_context *ctx, uint32_t kind, uint64_t object);
 uint64_t xsrc_now_ns();
