@@ -225,10 +225,26 @@ void start_daemon(const RunDir &run)
 }
 
 // Starts xsrcd unless one answers on the socket, and waits until it does.
+// A running xsrcd whose binary was rebuilt or reinstalled since it started
+// keeps serving the old code: say so rather than silently reuse it.
+void warn_if_daemon_replaced(const RunDir &run)
+{
+	auto pid = running_xsrcd_from_pid_file(run);
+	if (!pid)
+		return;
+	std::error_code ec;
+	std::string exe = fs::read_symlink("/proc/" + std::to_string(*pid) + "/exe", ec).string();
+	if (!ec && exe.ends_with(" (deleted)"))
+		std::cerr << "xsrc: note: xsrcd (pid " << *pid << ") runs a binary that has since been "
+			  << "replaced; 'xsrc down && xsrc up' restarts it\n";
+}
+
 void ensure_daemon(const RunDir &run)
 {
-	if (daemon_answers(run))
+	if (daemon_answers(run)) {
+		warn_if_daemon_replaced(run);
 		return;
+	}
 	if (auto pid = running_xsrcd_from_pid_file(run)) {
 		// Started by someone else a moment ago (or hung): give it the same time.
 		wait_until(kDaemonTimeout, [&] { return daemon_answers(run) || !process_running(*pid); });
