@@ -276,6 +276,7 @@ struct Device {
 	// opened through a file is named by that file's inode.
 	struct XrcDomain {
 		std::optional<std::pair<dev_t, ino_t>> inode;  // none: private (OPEN_XRCD with fd -1)
+		std::shared_ptr<OwnedFd> file;  // pins the inode: a new file cannot inherit its number
 		uint32_t handles = 0;                          // Xrcd objects in all contexts
 	};
 	uint32_t next_xrcd_id = 1;
