@@ -196,7 +196,8 @@ void wr_atomic_fetch_add(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, uint64_t a
 void wr_set_sge(ibv_qp_ex *qp, uint32_t lkey, uint64_t addr, uint32_t length)
 {
 	xsrc_send_wqe *w = wr_last(qp);
-	w->sge.assign(1, ibv_sge{addr, length, lkey});
+	ibv_sge one{addr, length, lkey};
+	w->sge.assign(&one, &one + 1);
 }
 
 void wr_set_sge_list(ibv_qp_ex *qp, size_t num_sge, const ibv_sge *sg_list)

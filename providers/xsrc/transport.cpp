@@ -542,11 +542,11 @@ uint64_t ack_timeout_ns(uint8_t timeout)
 	return 4096ull << timeout;
 }
 
-// Tries the head WQE. True when it finished (done or failed).
-bool attempt_head(xsrc_context *ctx, xsrc_qp *qp, uint64_t now)
+// Acts on the outcome of an attempt at the head WQE: completes it, or
+// arms its retry. True when it finished (done or failed).
+bool settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t now)
 {
 	xsrc_send_wqe &wqe = qp->sq.front();
-	Result res = execute(ctx, qp, wqe);
 	switch (res.attempt) {
 	case Attempt::done:
 		complete_send(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
@@ -583,6 +583,12 @@ bool attempt_head(xsrc_context *ctx, xsrc_qp *qp, uint64_t now)
 	set_qp_error(qp->entry);
 	xsrc_qp_flush(qp);
 	return true;
+}
+
+// Tries the head WQE. True when it finished (done or failed).
+bool attempt_head(xsrc_context *ctx, xsrc_qp *qp, uint64_t now)
+{
+	return settle_head(ctx, qp, execute(ctx, qp, qp->sq.front()), now);
 }
 
 }  // namespace
@@ -641,11 +647,20 @@ void xsrc_sq_post(xsrc_qp *qp, xsrc_send_wqe &&wqe)
 		complete_send(ctx, qp, wqe, IBV_WC_WR_FLUSH_ERR, 0);
 		return;
 	}
+	if (!qp->sq.empty()) {
+		qp->sq.push_back(std::move(wqe));  // blocked work ahead of it keeps the order
+		return;
+	}
+	// The fast path: nothing queued, try it now without queueing it.
+	Result res = execute(ctx, qp, wqe);
+	if (res.attempt == Attempt::done) {
+		complete_send(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
+		return;
+	}
 	qp->sq.push_back(std::move(wqe));
-	if (qp->sq.size() > 1)
-		return;  // blocked work ahead of it keeps the order
-	uint64_t next = xsrc_sq_progress(qp);
-	if (next)
+	if (!settle_head(ctx, qp, res, xsrc_now_ns()))
+		xsrc_progress_schedule(ctx, qp, qp->retry_at_ns);
+	else if (uint64_t next = xsrc_sq_progress(qp))
 		xsrc_progress_schedule(ctx, qp, next);
 }
 

@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
+#include <array>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -113,13 +115,38 @@ struct xsrc_ah {
 	ibv_gid sgid;                // the GID at attr.grh.sgid_index
 };
 
+// A WQE's gather list: a few entries inline (no allocation on the fast
+// path), more on the heap.
+class xsrc_sge_list {
+public:
+	void assign(const ibv_sge *first, const ibv_sge *last)
+	{
+		size_t n = static_cast<size_t>(last - first);
+		if (n <= small_.size()) {
+			std::copy(first, last, small_.begin());
+			big_.clear();
+		} else {
+			big_.assign(first, last);
+		}
+		size_ = n;
+	}
+	size_t size() const { return size_; }
+	const ibv_sge *begin() const { return size_ <= small_.size() ? small_.data() : big_.data(); }
+	const ibv_sge *end() const { return begin() + size_; }
+
+private:
+	std::array<ibv_sge, 4> small_{};
+	std::vector<ibv_sge> big_;
+	size_t size_ = 0;
+};
+
 // A send work request as the device keeps it until it has executed it.
 struct xsrc_send_wqe {
 	uint64_t wr_id = 0;
 	ibv_wr_opcode opcode = IBV_WR_SEND;
 	unsigned int flags = 0;          // IBV_SEND_*
 	uint32_t imm_data = 0;           // network order
-	std::vector<ibv_sge> sge;
+	xsrc_sge_list sge;
 	std::vector<unsigned char> inline_data; // IBV_SEND_INLINE: copied at post
 	uint64_t remote_addr = 0;
 	uint32_t rkey = 0;
