@@ -18,9 +18,11 @@
 namespace xsrc {
 namespace {
 
+// The provider claims devices by name ("rdma_device:*Nxsrc*" in its match
+// table): a device that does not start with "xsrc" would have no provider.
 bool valid_device_name(const std::string &name)
 {
-	if (name.empty() || name.size() > 63)
+	if (name.size() > 63 || !name.starts_with("xsrc"))
 		return false;
 	return std::all_of(name.begin(), name.end(), [](char c) {
 		return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
@@ -58,7 +60,7 @@ Device *Daemon::find_device_locked(const std::string &name)
 int Daemon::add_device(const std::string &name, const std::string &netdev_name, std::string &error)
 {
 	if (!valid_device_name(name)) {
-		error = "invalid device name '" + name + "' (use a-z, 0-9, '_', '-')";
+		error = "invalid device name '" + name + "' (xsrc followed by a-z, 0-9, '_', '-')";
 		return EINVAL;
 	}
 	std::string ifname = netdev_name.empty() || netdev_name == "-" ? netdev_default() : netdev_name;
