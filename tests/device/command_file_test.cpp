@@ -194,8 +194,11 @@ TEST_F(CommandFile, UnknownCommandsAreEopnotsupp)
 		EXPECT_EQ(raw_write(fd_, legacy_cmd(num, body, sizeof(resp))), EOPNOTSUPP)
 			<< "command " << std::hex << num;
 	}
-	// Core commands this device does not implement (yet) are unknown too.
-	EXPECT_EQ(raw_write(fd_, legacy_cmd(IB_USER_VERBS_CMD_OPEN_XRCD, body, sizeof(resp))),
+	// Core commands this device does not implement (memory windows, the
+	// kernel-side poll) are unknown too.
+	EXPECT_EQ(raw_write(fd_, legacy_cmd(IB_USER_VERBS_CMD_ALLOC_MW, body, sizeof(resp))),
+		  EOPNOTSUPP);
+	EXPECT_EQ(raw_write(fd_, legacy_cmd(IB_USER_VERBS_CMD_POLL_CQ, body, sizeof(resp))),
 		  EOPNOTSUPP);
 	ib_uverbs_ex_query_device ex{};
 	for (uint32_t num : {0x7eu, 0xffu}) {
