@@ -851,6 +851,7 @@ TEST_F(DeadPeer, SendAfterPeerKilledIsRetryExceeded)
 	ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
 
 	peer().kill();
+	usleep(200 * 1000);  // let the device notice the death (see PeerDiedButItsContextIsStillOpen)
 	auto t0 = Clock::now();
 	SendWr s(2, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
 	ASSERT_EQ(s.post(p.qp), 0);
@@ -874,6 +875,7 @@ TEST_F(DeadPeer, SendToPeerKilledWithReceivesPosted)
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 1, 8, 256);
 	peer().kill();
+	usleep(200 * 1000);  // let the device notice the death (see PeerDiedButItsContextIsStillOpen)
 	SendWr s(2, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
 	ASSERT_EQ(s.post(p.qp), 0);
 	ibv_wc wc{};
@@ -906,6 +908,10 @@ TEST_F(DeadPeer, PeerDiedButItsContextIsStillOpen)
 		}
 	} reap{holder};
 	peer().kill();
+	// The device learns of the death asynchronously (xsrcd watches the
+	// owner's pidfd and moves its QPs to error), as an HCA learns of it only
+	// by timeout: a send racing with that notice could still be taken.
+	usleep(200 * 1000);
 
 	SendWr s(2, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
 	ASSERT_EQ(s.post(send_pair.qp), 0);
@@ -930,6 +936,7 @@ TEST_F(DeadPeer, RdmaAfterPeerKilledIsRetryExceeded)
 	Buffer *dst = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kLocalFill);
 	Pair p = rc_pair(cq, cq, pcq);
 	peer().kill();
+	usleep(200 * 1000);  // let the device notice the death (see PeerDiedButItsContextIsStillOpen)
 	SendWr r(3, IBV_WR_RDMA_READ, dst->addr(), 64, dst->lkey());
 	ASSERT_EQ(r.rdma(target.addr, target.rkey).post(p.qp), 0);
 	ibv_wc wc{};
