@@ -1,0 +1,353 @@
+// The extended verbs on real traffic, in one process over loopback: work
+// posted with ibv_wr_* on RC, completions read with ibv_start_poll /
+// ibv_next_poll, the SRQ limit event of a basic SRQ, and the GRH a UD
+// receive carries.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+
+#include <chrono>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <thread>
+#include <vector>
+
+namespace {
+
+constexpr int kPort = 1;
+constexpr int kGidIndex = 1;
+
+struct Device {
+	ibv_context *ctx = nullptr;
+	ibv_pd *pd = nullptr;
+	Device()
+	{
+		int n = 0;
+		ibv_device **list = ibv_get_device_list(&n);
+		for (int i = 0; list && i < n && !ctx; ++i)
+			if (std::strcmp(ibv_get_device_name(list[i]), "xsrc0") == 0)
+				ctx = ibv_open_device(list[i]);
+		ibv_free_device_list(list);
+		if (ctx)
+			pd = ibv_alloc_pd(ctx);
+	}
+	~Device()
+	{
+		if (pd)
+			ibv_dealloc_pd(pd);
+		if (ctx)
+			ibv_close_device(ctx);
+	}
+};
+
+ibv_cq_ex *make_cq_ex(ibv_context *ctx)
+{
+	ibv_cq_init_attr_ex attr{};
+	attr.cqe = 64;
+	attr.wc_flags = IBV_WC_STANDARD_FLAGS;
+	return ibv_create_cq_ex(ctx, &attr);
+}
+
+ibv_qp *make_qp(Device &d, ibv_qp_type type, ibv_cq *cq, ibv_srq *srq, bool ex)
+{
+	ibv_qp_init_attr_ex attr{};
+	attr.qp_type = type;
+	attr.send_cq = cq;
+	attr.recv_cq = cq;
+	attr.srq = srq;
+	attr.cap = {16, srq ? 0u : 16u, 2, 2, 64};
+	attr.pd = d.pd;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+	if (ex) {
+		attr.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+		attr.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
+				      IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+	}
+	return ibv_create_qp_ex(d.ctx, &attr);
+}
+
+// RESET -> INIT -> RTR -> RTS towards `dest` on this device.
+void connect_rc(Device &d, ibv_qp *qp, uint32_t dest)
+{
+	ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = kPort;
+	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+	a = {};
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.port_num = kPort;
+	a.ah_attr.grh.sgid_index = kGidIndex;
+	a.ah_attr.grh.hop_limit = 1;
+	ASSERT_EQ(ibv_query_gid(d.ctx, kPort, kGidIndex, &a.ah_attr.grh.dgid), 0);
+	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+					      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), 0);
+	a = {};
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), 0);
+}
+
+struct Completion {
+	uint64_t wr_id;
+	ibv_wc_status status;
+	ibv_wc_opcode opcode;
+	uint32_t byte_len;
+	uint32_t qp_num;
+	unsigned wc_flags;
+	uint32_t imm;
+};
+
+// Reads `n` completions through ibv_start_poll / ibv_next_poll (bounded).
+std::vector<Completion> poll_ex(ibv_cq_ex *cq, size_t n)
+{
+	std::vector<Completion> out;
+	auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+	while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+		ibv_poll_cq_attr attr{};
+		if (ibv_start_poll(cq, &attr) != 0)
+			continue;
+		do {
+			out.push_back({cq->wr_id, cq->status, ibv_wc_read_opcode(cq), ibv_wc_read_byte_len(cq),
+				       ibv_wc_read_qp_num(cq), ibv_wc_read_wc_flags(cq),
+				       ntohl(ibv_wc_read_imm_data(cq))});
+		} while (out.size() < n && ibv_next_poll(cq) == 0);
+		ibv_end_poll(cq);
+	}
+	return out;
+}
+
+TEST(VerbsEx, WrApiAndExtendedPollOnRc)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq_ex *cq = make_cq_ex(d.ctx);
+	ASSERT_NE(cq, nullptr);
+	ibv_qp *a = make_qp(d, IBV_QPT_RC, ibv_cq_ex_to_cq(cq), nullptr, true);
+	ibv_qp *b = make_qp(d, IBV_QPT_RC, ibv_cq_ex_to_cq(cq), nullptr, false);
+	ASSERT_TRUE(a && b);
+	connect_rc(d, a, b->qp_num);
+	connect_rc(d, b, a->qp_num);
+
+	std::vector<uint64_t> src(512, 0x1111111111111111ull), dst(512, 0), counter(1, 40);
+	int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	ibv_mr *smr = ibv_reg_mr(d.pd, src.data(), 4096, rw);
+	ibv_mr *dmr = ibv_reg_mr(d.pd, dst.data(), 4096, rw);
+	ibv_mr *cmr = ibv_reg_mr(d.pd, counter.data(), 8, rw);
+	ASSERT_TRUE(smr && dmr && cmr);
+
+	ibv_sge rsge{reinterpret_cast<uintptr_t>(dst.data()), 1024, dmr->lkey};
+	ibv_recv_wr rwr{};
+	rwr.wr_id = 100;
+	rwr.sg_list = &rsge;
+	rwr.num_sge = 1;
+	ibv_recv_wr *bad_r;
+	ASSERT_EQ(ibv_post_recv(b, &rwr, &bad_r), 0);
+
+	ibv_qp_ex *qx = ibv_qp_to_qp_ex(a);
+	ASSERT_NE(qx, nullptr);
+	ibv_wr_start(qx);
+	qx->wr_id = 1;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(qx, htonl(0xabcd));
+	ibv_wr_set_sge(qx, smr->lkey, reinterpret_cast<uintptr_t>(src.data()), 100);
+	qx->wr_id = 2;
+	ibv_wr_rdma_write(qx, dmr->rkey, reinterpret_cast<uintptr_t>(dst.data()) + 2048);
+	ibv_wr_set_sge(qx, smr->lkey, reinterpret_cast<uintptr_t>(src.data()), 512);
+	qx->wr_id = 3;
+	ibv_wr_rdma_read(qx, dmr->rkey, reinterpret_cast<uintptr_t>(dst.data()) + 2048);
+	ibv_wr_set_sge(qx, smr->lkey, reinterpret_cast<uintptr_t>(src.data()) + 3072, 512);
+	qx->wr_id = 4;
+	ibv_wr_atomic_fetch_add(qx, cmr->rkey, reinterpret_cast<uintptr_t>(counter.data()), 2);
+	ibv_wr_set_sge(qx, smr->lkey, reinterpret_cast<uintptr_t>(src.data()) + 4088, 8);
+	ASSERT_EQ(ibv_wr_complete(qx), 0);
+
+	auto wcs = poll_ex(cq, 5);
+	ASSERT_EQ(wcs.size(), 5u);
+	std::vector<Completion> sends, recvs;
+	for (auto &w : wcs)
+		(w.wr_id == 100 ? recvs : sends).push_back(w);
+	ASSERT_EQ(recvs.size(), 1u);
+	EXPECT_EQ(recvs[0].status, IBV_WC_SUCCESS);
+	EXPECT_EQ(recvs[0].opcode, IBV_WC_RECV);
+	EXPECT_EQ(recvs[0].byte_len, 100u);
+	EXPECT_EQ(recvs[0].qp_num, b->qp_num);
+	EXPECT_TRUE(recvs[0].wc_flags & IBV_WC_WITH_IMM);
+	EXPECT_EQ(recvs[0].imm, 0xabcdu);
+	ASSERT_EQ(sends.size(), 4u);
+	const ibv_wc_opcode expected[] = {IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RDMA_READ, IBV_WC_FETCH_ADD};
+	for (size_t i = 0; i < 4; ++i) {
+		EXPECT_EQ(sends[i].wr_id, i + 1);  // in order
+		EXPECT_EQ(sends[i].status, IBV_WC_SUCCESS);
+		EXPECT_EQ(sends[i].opcode, expected[i]);
+		EXPECT_EQ(sends[i].qp_num, a->qp_num);
+	}
+	EXPECT_EQ(std::memcmp(dst.data(), src.data(), 100), 0);          // the send
+	EXPECT_EQ(std::memcmp(dst.data() + 256, src.data(), 512), 0);    // the write
+	EXPECT_EQ(std::memcmp(src.data() + 384, src.data(), 512), 0);    // read back
+	EXPECT_EQ(src[511], 40u);   // fetch-add returned the original
+	EXPECT_EQ(counter[0], 42u);
+
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(smr);
+	ibv_dereg_mr(dmr);
+	ibv_dereg_mr(cmr);
+	ibv_destroy_cq(ibv_cq_ex_to_cq(cq));
+}
+
+TEST(VerbsEx, BasicSrqLimitEvent)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+	ibv_srq_init_attr sattr{};
+	sattr.attr = {32, 1, 0};
+	ibv_srq *srq = ibv_create_srq(d.pd, &sattr);
+	ASSERT_TRUE(cq && srq);
+	ibv_qp *a = make_qp(d, IBV_QPT_RC, cq, nullptr, false);
+	ibv_qp *b = make_qp(d, IBV_QPT_RC, cq, srq, false);
+	ASSERT_TRUE(a && b);
+	connect_rc(d, a, b->qp_num);
+	connect_rc(d, b, a->qp_num);
+
+	std::vector<char> buf(4096);
+	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	for (int i = 0; i < 4; ++i) {
+		ibv_sge s{reinterpret_cast<uintptr_t>(buf.data()) + 64u * i, 64, mr->lkey};
+		ibv_recv_wr r{};
+		r.wr_id = 10 + i;
+		r.sg_list = &s;
+		r.num_sge = 1;
+		ibv_recv_wr *bad;
+		ASSERT_EQ(ibv_post_srq_recv(srq, &r, &bad), 0);
+	}
+	ibv_srq_attr lim{};
+	lim.srq_limit = 3;
+	ASSERT_EQ(ibv_modify_srq(srq, &lim, IBV_SRQ_LIMIT), 0);
+
+	// Two sends take the SRQ from 4 to 2 receives: below the limit of 3.
+	for (int i = 0; i < 2; ++i) {
+		ibv_sge s{reinterpret_cast<uintptr_t>(buf.data()) + 2048, 8, mr->lkey};
+		ibv_send_wr w{};
+		w.wr_id = i;
+		w.sg_list = &s;
+		w.num_sge = 1;
+		w.opcode = IBV_WR_SEND;
+		w.send_flags = IBV_SEND_SIGNALED;
+		ibv_send_wr *bad;
+		ASSERT_EQ(ibv_post_send(a, &w, &bad), 0);
+	}
+	pollfd p{d.ctx->async_fd, POLLIN, 0};
+	ASSERT_EQ(poll(&p, 1, 5000), 1) << "no SRQ limit event";
+	ibv_async_event ev{};
+	ASSERT_EQ(ibv_get_async_event(d.ctx, &ev), 0);
+	EXPECT_EQ(ev.event_type, IBV_EVENT_SRQ_LIMIT_REACHED);
+	EXPECT_EQ(ev.element.srq, srq);
+	ibv_ack_async_event(&ev);
+	ibv_srq_attr now{};
+	ASSERT_EQ(ibv_query_srq(srq, &now), 0);
+	EXPECT_EQ(now.srq_limit, 0u);  // the event disarms it
+
+	ibv_wc wc[8];
+	int got = 0;
+	for (int spins = 0; got < 4 && spins < 1000000; ++spins)
+		got += ibv_poll_cq(cq, 8 - got, wc + got);
+	EXPECT_EQ(got, 4);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_srq(srq);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+}
+
+TEST(VerbsEx, UdReceiveCarriesTheGrh)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	ibv_qp_init_attr qa{};
+	qa.send_cq = qa.recv_cq = cq;
+	qa.qp_type = IBV_QPT_UD;
+	qa.cap = {4, 4, 1, 1, 0};
+	ibv_qp *a = ibv_create_qp(d.pd, &qa), *b = ibv_create_qp(d.pd, &qa);
+	ASSERT_TRUE(cq && a && b);
+	for (ibv_qp *qp : {a, b}) {
+		ibv_qp_attr at{};
+		at.qp_state = IBV_QPS_INIT;
+		at.port_num = kPort;
+		at.qkey = 0x11111111;
+		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
+		at = {};
+		at.qp_state = IBV_QPS_RTR;
+		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE), 0);
+		at.qp_state = IBV_QPS_RTS;
+		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+	}
+	std::vector<unsigned char> buf(256, 0);
+	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	ibv_sge rs{reinterpret_cast<uintptr_t>(buf.data()), 128, mr->lkey};
+	ibv_recv_wr r{};
+	r.sg_list = &rs;
+	r.num_sge = 1;
+	ibv_recv_wr *bad_r;
+	ASSERT_EQ(ibv_post_recv(b, &r, &bad_r), 0);
+
+	ibv_ah_attr ah{};
+	ah.is_global = 1;
+	ah.port_num = kPort;
+	ah.grh.sgid_index = kGidIndex;
+	ah.grh.hop_limit = 1;
+	ibv_gid gid;
+	ASSERT_EQ(ibv_query_gid(d.ctx, kPort, kGidIndex, &gid), 0);
+	ah.grh.dgid = gid;
+	ibv_ah *handle = ibv_create_ah(d.pd, &ah);
+	ASSERT_NE(handle, nullptr);
+	std::memcpy(buf.data() + 200, "payload!", 8);
+	ibv_sge ss{reinterpret_cast<uintptr_t>(buf.data()) + 200, 8, mr->lkey};
+	ibv_send_wr w{};
+	w.sg_list = &ss;
+	w.num_sge = 1;
+	w.opcode = IBV_WR_SEND;
+	w.send_flags = IBV_SEND_SIGNALED;
+	w.wr.ud.ah = handle;
+	w.wr.ud.remote_qpn = b->qp_num;
+	w.wr.ud.remote_qkey = 0x11111111;
+	ibv_send_wr *bad;
+	ASSERT_EQ(ibv_post_send(a, &w, &bad), 0);
+
+	ibv_wc wc[2];
+	int got = 0;
+	for (int spins = 0; got < 2 && spins < 1000000; ++spins)
+		got += ibv_poll_cq(cq, 2 - got, wc + got);
+	ASSERT_EQ(got, 2);
+	const ibv_wc &recv = wc[0].opcode == IBV_WC_RECV ? wc[0] : wc[1];
+	EXPECT_EQ(recv.status, IBV_WC_SUCCESS);
+	EXPECT_EQ(recv.byte_len, 40u + 8u);
+	EXPECT_TRUE(recv.wc_flags & IBV_WC_GRH);
+	EXPECT_EQ(recv.src_qp, a->qp_num);
+	ibv_grh grh;
+	std::memcpy(&grh, buf.data(), sizeof(grh));
+	EXPECT_EQ(std::memcmp(&grh.sgid, &gid, 16), 0);
+	EXPECT_EQ(std::memcmp(&grh.dgid, &gid, 16), 0);
+	EXPECT_EQ(std::memcmp(buf.data() + 40, "payload!", 8), 0);
+
+	ibv_destroy_ah(handle);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+}
+
+}  // namespace
