@@ -1,5 +1,6 @@
 #include "command_support.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace xsrc {
@@ -12,11 +13,11 @@ int respond(Caller &caller, const Request &req, std::span<const std::byte> core,
 	if (req.core_resp_len < core.size())
 		return ENOSPC;
 	std::vector<std::byte> out(req.resp_len);
-	std::memcpy(out.data(), core.data(), core.size());
+	std::copy(core.begin(), core.end(), out.begin());
 	size_t driver_at = req.extended ? req.core_resp_len : core.size();
 	if (driver_at < out.size()) {
 		size_t n = std::min(driver.size(), out.size() - driver_at);
-		std::memcpy(out.data() + driver_at, driver.data(), n);
+		std::copy_n(driver.begin(), n, out.begin() + static_cast<ptrdiff_t>(driver_at));
 	}
 	return caller.write_memory(req.response, out);
 }
