@@ -265,8 +265,7 @@ void Daemon::release_context(uint64_t id)
 	if (it == contexts_.end())
 		return;
 	Context &ctx = *it->second;
-	if (ctx.caller)
-		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, ctx.caller->pidfd(), nullptr);
+	stop_watching_owner(ctx);
 	destroy_context_objects(ctx);
 	if (ctx.device)
 		std::erase(ctx.device->contexts, &ctx);
@@ -294,6 +293,12 @@ size_t Daemon::object_count()
 	return n;
 }
 
+void Daemon::stop_watching_owner(Context &ctx)
+{
+	if (ctx.caller)
+		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, ctx.caller->pidfd(), nullptr);
+}
+
 void Daemon::owner_exits()
 {
 	epoll_event events[16];
@@ -309,9 +314,7 @@ void Daemon::on_owner_exit(uint64_t id)
 	if (it == contexts_.end())
 		return;
 	Context &ctx = *it->second;
-	// Once: the pidfd stays readable.
-	if (ctx.caller)
-		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, ctx.caller->pidfd(), nullptr);
+	stop_watching_owner(ctx);  // once: the pidfd stays readable
 	if (!ctx.device)
 		return;
 	for (auto &[handle, obj] : ctx.objects)

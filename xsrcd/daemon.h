@@ -55,6 +55,7 @@ public:
 
 private:
 	Device *find_device_locked(const std::string &name);
+	void stop_watching_owner(Context &ctx);
 	void detach_device_locked(Device &dev);
 
 	std::mutex mu_;

@@ -110,6 +110,21 @@ void set_poll_ops(ibv_cq_ex &cq)
 	cq.read_dlid_path_bits = read_dlid_path_bits;
 }
 
+// Completes a CQ the daemon created: its ring, and the channel pool the
+// create may have drawn from. On failure the CQ is destroyed (errno set).
+bool attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
+{
+	cq->ring = ring_at(ctx, drv.ring_off);
+	if (!cq->ring) {
+		ibv_cmd_destroy_cq(&cq->vcq.cq);
+		delete cq;
+		errno = EPROTO;
+		return false;
+	}
+	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
+	return true;
+}
+
 using create_cq_resp = verbs_drv_buf<ib_uverbs_create_cq_resp, xsrc_create_cq_resp>;
 using create_cq_ex_resp = verbs_drv_buf<ib_uverbs_ex_create_cq_resp, xsrc_create_cq_resp>;
 
@@ -136,14 +151,8 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 		errno = err;
 		return nullptr;
 	}
-	cq->ring = ring_at(ctx, resp.driver().ring_off);
-	if (!cq->ring) {
-		ibv_cmd_destroy_cq(&cq->vcq.cq);
-		delete cq;
-		errno = EPROTO;
+	if (!attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
-	}
-	xsrc_channel_pool_refill(ctx, resp.driver().channel_pool_free);
 	return &cq->vcq.cq;
 }
 
@@ -169,15 +178,9 @@ ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 		errno = err;
 		return nullptr;
 	}
-	cq->ring = ring_at(ctx, resp.driver().ring_off);
-	if (!cq->ring) {
-		ibv_cmd_destroy_cq(&cq->vcq.cq);
-		delete cq;
-		errno = EPROTO;
+	if (!attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
-	}
 	set_poll_ops(cq->vcq.cq_ex);
-	xsrc_channel_pool_refill(ctx, resp.driver().channel_pool_free);
 	return &cq->vcq.cq_ex;
 }
 
