@@ -443,10 +443,7 @@ int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
 			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0, c);
 			continue;
 		}
-		xsrc_sge sge[XSRC_MAX_RECV_SGE];
-		for (int i = 0; i < wr->num_sge; ++i)
-			sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-		if (!xsrc::recv_push(qp->rq, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge))) {
+		if (!xsrc_recv_post(qp->rq, wr)) {
 			*bad_wr = wr;
 			return ENOMEM;
 		}

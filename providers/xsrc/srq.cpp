@@ -105,10 +105,7 @@ int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
 			*bad_wr = wr;
 			return EINVAL;
 		}
-		xsrc_sge sge[XSRC_MAX_RECV_SGE];
-		for (int i = 0; i < wr->num_sge; ++i)
-			sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-		if (!xsrc::recv_push(srq->ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge))) {
+		if (!xsrc_recv_post(srq->ring, wr)) {
 			*bad_wr = wr;
 			return ENOMEM;
 		}

@@ -273,18 +273,22 @@ void check_srq_limit(xsrc_context *ctx, Responder &r)
 		xsrc_raise(ctx, XSRC_EVENT_SRQ_LIMIT, r.srq->srqn);
 }
 
+// Flushes the receives of a responder QP gone to error (an SRQ's stay
+// posted: it is shared).
+void flush_responder_receives(xsrc_context *ctx, Responder &r)
+{
+	xsrc::RecvWqe rest;
+	while (!r.srq && r.rq && xsrc::recv_pop(r.rq, rest))
+		complete_on(ctx, r.cq_off, make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qp->qpn));
+}
+
 // The responder found a receive it cannot use: its QP goes to error, the
 // receive completes in error, and the rest of its RQ is flushed.
 void responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe, ibv_wc_status status)
 {
-	xsrc_cqe c = make_cqe(rwqe.wr_id, status, IBV_WC_RECV, r.qp->qpn);
 	set_qp_error(r.qp);
-	complete_on(ctx, r.cq_off, c);
-	if (r.srq)
-		return;  // an SRQ is shared: its other receives stay posted
-	xsrc::RecvWqe rest;
-	while (xsrc::recv_pop(r.rq, rest))
-		complete_on(ctx, r.cq_off, make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qp->qpn));
+	complete_on(ctx, r.cq_off, make_cqe(rwqe.wr_id, status, IBV_WC_RECV, r.qp->qpn));
+	flush_responder_receives(ctx, r);
 }
 
 // An RC/XRC remote access violation (IBTA class C): the responder NAKs, its
@@ -294,9 +298,7 @@ Result responder_access_error(xsrc_context *ctx, Responder &r)
 {
 	if (r.qp->qp_type == IBV_QPT_RC || r.qp->qp_type == IBV_QPT_XRC_RECV) {
 		set_qp_error(r.qp);
-		xsrc::RecvWqe rest;
-		while (!r.srq && r.rq && xsrc::recv_pop(r.rq, rest))
-			complete_on(ctx, r.cq_off, make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qp->qpn));
+		flush_responder_receives(ctx, r);
 	}
 	return fail(IBV_WC_REM_ACCESS_ERR);
 }

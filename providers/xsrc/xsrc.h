@@ -274,6 +274,16 @@ ibv_qp *xsrc_open_qp(ibv_context *ibctx, ibv_qp_open_attr *attr);
 ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
 int xsrc_destroy_ah(ibv_ah *ah);
 
+// Posts one receive (num_sge already checked) to a ring whose single
+// producer the caller is. False when the ring is full.
+inline bool xsrc_recv_post(xsrc_recv_ring *ring, const ibv_recv_wr *wr)
+{
+	xsrc_sge sge[XSRC_MAX_RECV_SGE];
+	for (int i = 0; i < wr->num_sge; ++i)
+		sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+	return xsrc::recv_push(ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge));
+}
+
 // transport.cpp: the device's engine.
 // Queues (or executes) one send WQE on a QP whose sq_lock the caller holds.
 void xsrc_sq_post(xsrc_qp *qp, xsrc_send_wqe &&wqe);
