@@ -22,7 +22,7 @@
 
 /* Published as class/infiniband_verbs/uverbsN/abi_version and checked by
  * libibverbs against the provider's match_{min,max}_abi_version. */
-#define XSRC_DRIVER_ABI_VERSION 1
+#define XSRC_DRIVER_ABI_VERSION 2
 #define XSRC_DRIVER_ABI_MIN_VERSION 1
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
@@ -54,7 +54,17 @@ struct xsrc_get_context_req {
 };
 
 enum xsrc_get_context_resp_mask {
-	XSRC_GET_CONTEXT_RESP_MASK_ALL = 0,
+	/* v2: caller_pid, caller_uid and caps are valid. */
+	XSRC_GET_CONTEXT_RESP_MASK_CALLER = 1u << 0,
+	XSRC_GET_CONTEXT_RESP_MASK_ALL = XSRC_GET_CONTEXT_RESP_MASK_CALLER,
+};
+
+/* xsrc_get_context_resp::caps (v2) */
+enum xsrc_device_caps {
+	/* The daemon moves bytes on the caller's behalf (XSRC_CMD_COPY) when the
+	 * caller may not touch the peer's memory itself: another user, another
+	 * PID namespace. */
+	XSRC_CAP_COPY = 1u << 0,
 };
 
 /* Appended to struct ib_uverbs_get_context_resp. */
@@ -64,6 +74,12 @@ struct xsrc_get_context_resp {
 	__u64 context_id;       /* daemon-wide id of this context */
 	__u32 max_inline_data;  /* per-QP inline limit the device honours */
 	__u32 channel_pool_free; /* registered channel pipes not yet handed out */
+	/* v2 (XSRC_GET_CONTEXT_RESP_MASK_CALLER) */
+	__u32 caller_pid;       /* the caller's thread group as the device sees it;
+				 * differs from getpid() in another PID namespace */
+	__u32 caller_uid;       /* the caller's uid as the device sees it */
+	__u32 caps;             /* enum xsrc_device_caps */
+	__u32 reserved;         /* 0 */
 };
 
 /* Appended to struct ib_uverbs_create_cq_resp / ib_uverbs_ex_create_cq_resp
@@ -119,6 +135,11 @@ enum {
 	 * object of the device (the initiator completes work on the target's
 	 * queues). No response. */
 	XSRC_CMD_RAISE_EVENT = 0xf1,
+	/* v2 (XSRC_CAP_COPY): the device moves bytes between the caller and a
+	 * peer's registered memory, for a caller that may not reach the peer's
+	 * memory itself. The daemon checks the key against its own records
+	 * (never the arena's, which any process can write). */
+	XSRC_CMD_COPY = 0xf2,
 };
 
 enum xsrc_event_kind {
@@ -147,6 +168,49 @@ struct xsrc_channel_pool {
 struct xsrc_channel_pool_resp {
 	__u32 channel_pool_free;
 	__u32 reserved;
+};
+
+/* XSRC_CMD_COPY (v2) */
+enum xsrc_copy_op {
+	XSRC_COPY_WRITE = 1,     /* caller's local_iov -> peer [peer_addr, +length) */
+	XSRC_COPY_READ = 2,      /* peer [peer_addr, +length) -> caller's local_iov */
+	XSRC_COPY_FETCH_ADD = 3, /* 8 B at peer_addr += compare_add; old value -> local_iov */
+	XSRC_COPY_CMP_SWAP = 4,  /* 8 B at peer_addr: if == compare_add then = swap; old -> local_iov */
+};
+
+enum xsrc_copy_key_kind {
+	/* An rkey the peer registered with the remote access the op needs. */
+	XSRC_COPY_RKEY = 1,
+	/* The lkey of a receive buffer the peer posted (SEND, WRITE_WITH_IMM
+	 * payloads into a receive): needs IBV_ACCESS_LOCAL_WRITE. */
+	XSRC_COPY_LKEY = 2,
+};
+
+#define XSRC_COPY_MAX_IOV 32
+
+struct xsrc_copy {
+	__aligned_u64 response;  /* struct xsrc_copy_resp */
+	__u32 comp_mask;         /* 0 */
+	__u32 op;                /* enum xsrc_copy_op */
+	__u32 key_kind;          /* enum xsrc_copy_key_kind */
+	__u32 key;               /* the peer's rkey or lkey */
+	__u32 qp_handle;         /* the caller's QP the access is made through */
+	__u32 peer_qpn;          /* the peer QP (or XRC SRQ's QP) it reaches;
+				  * the key's PD must be that QP's (or SRQ's) PD */
+	__aligned_u64 peer_addr;
+	__aligned_u64 length;    /* bytes; 8 for the atomics */
+	__aligned_u64 local_iov; /* struct iovec[num_local] in the caller */
+	__u32 num_local;         /* <= XSRC_COPY_MAX_IOV */
+	__u32 reserved;          /* 0 */
+	__aligned_u64 compare_add;
+	__aligned_u64 swap;
+};
+
+struct xsrc_copy_resp {
+	__u32 status;  /* 0, or why nothing was moved: EACCES (key, rights, range,
+			* PD), ESRCH (peer gone), EFAULT (caller's buffers) */
+	__u32 reserved;
+	__aligned_u64 bytes; /* bytes moved */
 };
 
 #endif /* XSRC_ABI_H */
