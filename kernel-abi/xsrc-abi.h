@@ -20,10 +20,19 @@
 #include <linux/types.h>
 #include <rdma/ib_user_verbs.h>
 
-/* Published as class/infiniband_verbs/uverbsN/abi_version and checked by
- * libibverbs against the provider's match_{min,max}_abi_version. */
-#define XSRC_DRIVER_ABI_VERSION 2
+/* The ABI generation. Published as class/infiniband_verbs/uverbsN/abi_version
+ * and checked by libibverbs against the provider's
+ * match_{min,max}_abi_version. Bumped only by an incompatible change (never
+ * so far): growth within a generation is append-only and does not bump it, as
+ * with the kernel's drivers, so providers built against older headers keep
+ * matching. */
+#define XSRC_DRIVER_ABI_VERSION 1
 #define XSRC_DRIVER_ABI_MIN_VERSION 1
+
+/* The revision within the generation: which appended fields and private
+ * commands exist. Reported by the daemon in xsrc_get_context_resp::driver_abi
+ * (revision 1 daemons report 1 there too). See README.md in this directory. */
+#define XSRC_DRIVER_ABI_REVISION 2
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -70,7 +79,7 @@ enum xsrc_device_caps {
 /* Appended to struct ib_uverbs_get_context_resp. */
 struct xsrc_get_context_resp {
 	__u32 comp_mask;        /* xsrc_get_context_resp_mask */
-	__u32 driver_abi;       /* XSRC_DRIVER_ABI_VERSION the daemon speaks */
+	__u32 driver_abi;       /* XSRC_DRIVER_ABI_REVISION the daemon serves */
 	__u64 context_id;       /* daemon-wide id of this context */
 	__u32 max_inline_data;  /* per-QP inline limit the device honours */
 	__u32 channel_pool_free; /* registered channel pipes not yet handed out */

@@ -69,7 +69,7 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	resp.async_fd = drv.async_fds.rd_fd;
 	resp.num_comp_vectors = DeviceLimits::num_comp_vectors;
 	xsrc_get_context_resp dresp{};
-	dresp.driver_abi = XSRC_DRIVER_ABI_VERSION;
+	dresp.driver_abi = XSRC_DRIVER_ABI_REVISION;
 	dresp.context_id = ctx.id;
 	dresp.max_inline_data = DeviceLimits::max_inline_data;
 	dresp.channel_pool_free = static_cast<uint32_t>(pool.size());

@@ -32,7 +32,7 @@ TEST_F(CommandsTest, GetContextTakesPipesAndAnswersOnce)
 	ASSERT_EQ(get_context(drv, &dresp, &resp), 0);
 	EXPECT_EQ(resp.async_fd, uint32_t(async.rd));
 	EXPECT_EQ(resp.num_comp_vectors, 1u);
-	EXPECT_EQ(dresp.driver_abi, uint32_t(XSRC_DRIVER_ABI_VERSION));
+	EXPECT_EQ(dresp.driver_abi, uint32_t(XSRC_DRIVER_ABI_REVISION));
 	EXPECT_EQ(dresp.channel_pool_free, 1u);
 	EXPECT_EQ(get_context(drv), EINVAL);  // a context is initialised once
 
