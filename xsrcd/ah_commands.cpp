@@ -16,13 +16,14 @@ int cmd_create_ah(Context &ctx, Caller &caller, const Request &req)
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
 		return EINVAL;
-	const ib_uverbs_ah_attr &a = cmd.attr;
+	ib_uverbs_ah_attr a = cmd.attr;
 	if (cmd.reserved || a.reserved || a.grh.reserved)
 		return EINVAL;
 	if (a.port_num != 1 || !a.is_global || !valid_sgid_index(*ctx.device, a.grh.sgid_index))
 		return EINVAL;
-	if (a.sl > 15 || a.grh.flow_label > 0xfffff)
+	if (a.sl > 15)
 		return EINVAL;
+	a.grh.flow_label &= 0xfffff;  // any value is taken, as the kernel does; 20 bits are kept
 	if (int err = check_no_driver_data(req))
 		return err;
 	if (device_object_count<Ah>(*ctx.device) >= DeviceLimits::max_ah)

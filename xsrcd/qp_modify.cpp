@@ -18,6 +18,7 @@ constexpr uint32_t kRemoteAccess =
 // kernel accepts it; it means nothing for a QP and is not published.
 constexpr uint32_t kQpAccessFlags = kRemoteAccess | IBV_ACCESS_LOCAL_WRITE;
 constexpr uint32_t kPsnMask = 0xffffff;
+constexpr uint32_t kFlowLabelMask = 0xfffff;
 
 // A path: RoCE addresses by GID, so a GRH is mandatory.
 int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
@@ -26,7 +27,9 @@ int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
 		return EINVAL;
 	if (!valid_sgid_index(dev, dest.sgid_index))
 		return EINVAL;
-	if (dest.sl > 15 || dest.flow_label > 0xfffff)
+	// The flow label is not checked: the kernel takes any value (UCX passes
+	// ~0 for "any"); only its 20 bits are kept.
+	if (dest.sl > 15)
 		return EINVAL;
 	return 0;
 }
@@ -71,8 +74,10 @@ void apply_attributes(QpAttributes &a, const ib_uverbs_modify_qp &cmd)
 {
 	const uint32_t mask = cmd.attr_mask;
 	auto has = [mask](uint32_t bit) { return (mask & bit) != 0; };
-	if (has(IBV_QP_AV))
+	if (has(IBV_QP_AV)) {
 		a.dest = cmd.dest;
+		a.dest.flow_label &= kFlowLabelMask;
+	}
 	if (has(IBV_QP_QKEY))
 		a.qkey = cmd.qkey;
 	if (has(IBV_QP_RQ_PSN))
