@@ -210,7 +210,8 @@ struct xsrc_copy {
 	__aligned_u64 length;    /* bytes; 8 for the atomics */
 	__aligned_u64 local_iov; /* struct iovec[num_local] in the caller */
 	__u32 num_local;         /* <= XSRC_COPY_MAX_IOV */
-	__u32 reserved;          /* 0 */
+	__u32 peer_srqn;         /* XRC targets: the SRQ the message names
+				  * (its PD is the one checked); else 0 */
 	__aligned_u64 compare_add;
 	__aligned_u64 swap;
 };

@@ -50,7 +50,7 @@ fs::path xsrcd_executable()
 	report_errno_and_exit(report);
 }
 
-pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run)
+pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run, const std::string &abi)
 {
 	UniqueFd devnull(open("/dev/null", O_RDONLY | O_CLOEXEC));
 	if (!devnull)
@@ -64,7 +64,8 @@ pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run)
 	UniqueFd report_read(pipe_fds[0]), report_write(pipe_fds[1]);
 
 	const std::string path = xsrcd.string(), rundir = run.dir.string();
-	const char *const argv[] = {path.c_str(), "--rundir", rundir.c_str(), nullptr};
+	const char *const argv[] = {path.c_str(), "--rundir", rundir.c_str(),
+				    abi.empty() ? nullptr : "--abi", abi.c_str(), nullptr};
 	pid_t pid = fork();
 	if (pid < 0)
 		throw CliError("fork: " + errno_text(errno));
@@ -119,6 +120,16 @@ std::optional<pid_t> running_xsrcd_from_pid_file(const RunDir &run)
 	if (!stat || stat->comm != "xsrcd" || !process_running(pid))
 		return std::nullopt;
 	return pid;
+}
+
+std::string xsrcd_abi_argument(pid_t pid)
+{
+	std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+	std::string arg;
+	while (std::getline(in, arg, '\0'))
+		if (arg == "--abi" && std::getline(in, arg, '\0'))
+			return arg;
+	return {};
 }
 
 bool wait_until(std::chrono::milliseconds timeout, const std::function<bool()> &done)

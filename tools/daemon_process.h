@@ -15,10 +15,13 @@ namespace xsrc::cli {
 // xsrcd next to this xsrc (a build tree), else the installed one.
 fs::path xsrcd_executable();
 
-// Runs `xsrcd --rundir <dir>` in a session of its own, stdin from /dev/null,
-// stdout and stderr appended to the log. Returns its pid (our child until we
-// exit); throws CliError when it cannot be executed.
-pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run);
+// Runs `xsrcd --rundir <dir> [--abi <abi>]` in a session of its own, stdin
+// from /dev/null, stdout and stderr appended to the log. Returns its pid (our
+// child until we exit); throws CliError when it cannot be executed.
+pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run, const std::string &abi = {});
+
+// The --abi argument a running xsrcd was started with; empty when none.
+std::string xsrcd_abi_argument(pid_t pid);
 
 // True while `pid` exists and has not exited (a zombie counts as exited).
 bool process_running(pid_t pid);

@@ -19,6 +19,7 @@
 #include "daemon_process.h"
 #include "mounts.h"
 #include "run_namespace.h"
+#include "xsrc-abi.h"
 
 namespace xsrc::cli {
 namespace {
@@ -36,8 +37,10 @@ Manage xsrc, the user-space software RDMA device.
 
 Commands:
   up [--name NAME] [--netdev IF]  bring device NAME (default xsrc0) up, bound
-                                  to netdev IF (default: the first one that is
-                                  up and has an IPv4 address); starts xsrcd
+     [--abi N]                    to netdev IF (default: the first one that is
+                                  up and has an IPv4 address); starts xsrcd,
+                                  which serves driver ABI revision N (default:
+                                  the newest; for compatibility tests)
   down [--name NAME]              remove device NAME; without --name remove
                                   every device and stop xsrcd
   status                          list the devices that are up
@@ -59,6 +62,7 @@ struct Options {
 	std::string rundir;
 	std::string name;                  // empty: not given
 	std::string netdev;                // empty: the daemon picks one
+	std::string abi;                   // empty: xsrcd's default revision
 	std::vector<std::string> program;  // xsrc run
 };
 
@@ -74,6 +78,7 @@ const OptionSpec kOptionSpecs[] = {
 	{"--rundir", &Options::rundir, {}},
 	{"--name", &Options::name, {"up", "down"}},
 	{"--netdev", &Options::netdev, {"up"}},
+	{"--abi", &Options::abi, {"up"}},
 };
 
 CliError usage_error(const std::string &what)
@@ -200,7 +205,7 @@ std::string daemon_timeout_message(pid_t pid, const RunDir &run, const std::stri
 }
 
 // Runs a new xsrcd and waits until it answers.
-void start_daemon(const RunDir &run)
+void start_daemon(const RunDir &run, const std::string &abi)
 {
 	fs::path xsrcd = xsrcd_executable();
 	if (access(xsrcd.c_str(), X_OK) != 0)
@@ -211,7 +216,7 @@ void start_daemon(const RunDir &run)
 	if (ec)
 		throw CliError("cannot create " + run.dir.string() + ": " + ec.message());
 
-	pid_t pid = start_xsrcd(xsrcd, run);
+	pid_t pid = start_xsrcd(xsrcd, run, abi);
 	bool exited = false;
 	bool answered = wait_until(kDaemonTimeout, [&] {
 		exited = waitpid(pid, nullptr, WNOHANG) == pid;
@@ -239,21 +244,40 @@ void warn_if_daemon_replaced(const RunDir &run)
 			  << "replaced; 'xsrc down && xsrc up' restarts it\n";
 }
 
-void ensure_daemon(const RunDir &run)
+// A running xsrcd serves one driver ABI revision to every device: a
+// different --abi needs a new daemon.
+void check_daemon_abi(const RunDir &run, const std::string &abi)
+{
+	auto pid = running_xsrcd_from_pid_file(run);
+	if (abi.empty() || !pid)
+		return;
+	std::string arg = xsrcd_abi_argument(*pid);
+	unsigned long running = arg.empty() ? XSRC_DRIVER_ABI_REVISION : std::strtoul(arg.c_str(), nullptr, 10);
+	unsigned long wanted = std::strtoul(abi.c_str(), nullptr, 10);
+	if (running != wanted)
+		throw CliError("xsrcd (pid " + std::to_string(*pid) + ") serves driver ABI revision " +
+			       std::to_string(running) + ", not " + std::to_string(wanted) +
+			       "; 'xsrc down' first, or use another --rundir");
+}
+
+void ensure_daemon(const RunDir &run, const std::string &abi)
 {
 	if (daemon_answers(run)) {
 		warn_if_daemon_replaced(run);
+		check_daemon_abi(run, abi);
 		return;
 	}
 	if (auto pid = running_xsrcd_from_pid_file(run)) {
 		// Started by someone else a moment ago (or hung): give it the same time.
 		wait_until(kDaemonTimeout, [&] { return daemon_answers(run) || !process_running(*pid); });
-		if (daemon_answers(run))
+		if (daemon_answers(run)) {
+			check_daemon_abi(run, abi);
 			return;
+		}
 		if (process_running(*pid))
 			throw CliError(daemon_timeout_message(*pid, run, "did not answer"));
 	}
-	start_daemon(run);
+	start_daemon(run, abi);
 }
 
 // The netdev=<if> field of `ibdev`'s line in the daemon's status.
@@ -281,9 +305,11 @@ int command_up(const Options &opts)
 	check_name("device", ibdev, kMaxDeviceName);
 	if (!opts.netdev.empty())
 		check_name("netdev", opts.netdev, kMaxNetdevName);
+	if (!opts.abi.empty() && !std::ranges::all_of(opts.abi, [](unsigned char c) { return std::isdigit(c); }))
+		throw usage_error("invalid driver ABI revision '" + opts.abi + "'");
 	RunDir run = RunDir::resolve(opts.rundir);
 
-	ensure_daemon(run);
+	ensure_daemon(run, opts.abi);
 	std::string result = expect_ok(request(run, "up " + ibdev + " " + (opts.netdev.empty() ? "-" : opts.netdev)));
 	std::string netdev = device_netdev(run, ibdev);
 	if (result == "created") {

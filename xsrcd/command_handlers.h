@@ -66,6 +66,10 @@ int cmd_close_xrcd(Context &ctx, Caller &caller, const Request &req);
 // Drops one handle; the domain goes with its last handle.
 void release_xrcd(Context &ctx, uint32_t handle);
 
+// copy_commands.cpp (driver ABI r2): bytes moved for a caller that may not
+// reach the peer's memory itself.
+int cmd_copy(Context &ctx, Caller &caller, const Request &req);
+
 // ah_commands.cpp
 int cmd_create_ah(Context &ctx, Caller &caller, const Request &req);
 int cmd_destroy_ah(Context &ctx, Caller &caller, const Request &req);

@@ -14,6 +14,7 @@
 
 #include "caller.h"
 #include "objects.h"
+#include "xsrc-abi.h"
 
 namespace xsrc {
 
@@ -61,6 +62,33 @@ int respond(Caller &caller, const Request &req, std::span<const std::byte> core,
 inline int check_no_driver_data(const Request &req)
 {
 	return all_zero(req.driver) ? 0 : EOPNOTSUPP;
+}
+
+// The driver ABI discipline (kernel-abi/README.md), as the kernel applies it
+// to udata. Reads the driver request T: fewer than `min_size` bytes (what
+// revision 1 defined) -> EINVAL; fields an older caller did not send read as
+// zero; bytes past T (a newer caller's fields) must be zero -> EOPNOTSUPP.
+template <typename T>
+int load_driver_request(const Request &req, T &out, size_t min_size = sizeof(T))
+{
+	if (req.driver.size() < min_size)
+		return EINVAL;
+	if (req.driver.size() > sizeof(T) && !all_zero(req.driver.subspan(sizeof(T))))
+		return EOPNOTSUPP;
+	out = load<T>(req.driver);
+	return 0;
+}
+
+// comp_mask bits this daemon does not know -> EOPNOTSUPP.
+inline int check_comp_mask(uint32_t comp_mask, uint32_t known)
+{
+	return (comp_mask & ~known) ? EOPNOTSUPP : 0;
+}
+
+// The driver ABI revision the context's device serves (xsrcd --abi).
+inline uint32_t abi_revision(const Context &ctx)
+{
+	return ctx.device ? ctx.device->abi_revision : XSRC_DRIVER_ABI_REVISION;
 }
 
 template <typename T>

@@ -58,6 +58,7 @@ const std::array<CommandSpec, 256> &write_commands()
 		t[IB_USER_VERBS_CMD_OPEN_QP] = spec<ib_uverbs_open_qp>(cmd_open_qp, true);
 		t[XSRC_CMD_CHANNEL_POOL] = spec<xsrc_channel_pool>(cmd_channel_pool, true);
 		t[XSRC_CMD_RAISE_EVENT] = spec<xsrc_raise_event>(cmd_raise_event, false);
+		t[XSRC_CMD_COPY] = spec<xsrc_copy>(cmd_copy, true);
 		return t;
 	}();
 	return table;
@@ -78,6 +79,13 @@ const std::array<CommandSpec, 256> &ex_commands()
 		return t;
 	}();
 	return table;
+}
+
+// The driver ABI revision that added a private command (kernel-abi/README.md).
+// A device serving an older revision answers EOPNOTSUPP, as that daemon did.
+uint32_t command_revision(uint32_t num)
+{
+	return num == XSRC_CMD_COPY ? 2 : 1;
 }
 
 // Collects first, since releasing erases from the map being walked.
@@ -111,7 +119,7 @@ int execute_command(Context &ctx, Caller &caller, std::span<const std::byte> byt
 		if (hdr.in_words * 4u != bytes.size())
 			return EINVAL;
 		spec = &write_commands()[num];
-		if (!spec->handler)
+		if (!spec->handler || abi_revision(ctx) < command_revision(num))
 			return EOPNOTSUPP;
 		auto payload = bytes.subspan(sizeof(hdr));
 		if (payload.size() < spec->core_size)

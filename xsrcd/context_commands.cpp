@@ -37,19 +37,28 @@ int take_pipe(Caller &caller, const xsrc_fd_pair &fds, OwnedFd &wr, OwnedFd *rd 
 	return 0;
 }
 
+// What a device serving the context's revision writes of the driver
+// response: an r1 daemon knew nothing past channel_pool_free. (respond()
+// zero-fills the rest of the caller's room, as an r1 daemon did.)
+std::span<const std::byte> get_context_resp_bytes(const Context &ctx, xsrc_get_context_resp &dresp)
+{
+	if (abi_revision(ctx) >= 2)
+		return as_bytes_of(dresp);
+	dresp.comp_mask &= ~static_cast<uint32_t>(XSRC_GET_CONTEXT_RESP_MASK_CALLER);
+	return as_bytes_of(dresp).first(offsetof(xsrc_get_context_resp, caller_pid));
+}
+
 }  // namespace
 
 int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 {
 	if (ctx.initialised)
 		return EINVAL;
-	if (req.driver.size() < sizeof(xsrc_get_context_req))
-		return EINVAL;
-	auto drv = load<xsrc_get_context_req>(req.driver);
-	if (drv.comp_mask)
-		return EOPNOTSUPP;
-	if (!all_zero(req.driver.subspan(sizeof(drv))))
-		return EOPNOTSUPP;
+	xsrc_get_context_req drv;
+	if (int err = load_driver_request(req, drv))
+		return err;
+	if (int err = check_comp_mask(drv.comp_mask, XSRC_GET_CONTEXT_REQ_MASK_ALL))
+		return err;
 	if (drv.num_channel_fds > XSRC_MAX_CHANNEL_FDS)
 		return EINVAL;
 
@@ -69,11 +78,17 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	resp.async_fd = drv.async_fds.rd_fd;
 	resp.num_comp_vectors = DeviceLimits::num_comp_vectors;
 	xsrc_get_context_resp dresp{};
-	dresp.driver_abi = XSRC_DRIVER_ABI_REVISION;
+	dresp.driver_abi = abi_revision(ctx);
 	dresp.context_id = ctx.id;
 	dresp.max_inline_data = DeviceLimits::max_inline_data;
 	dresp.channel_pool_free = static_cast<uint32_t>(pool.size());
-	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp)))
+	// r2: who the caller is to the device (a provider in another PID
+	// namespace sees another pid) and that XSRC_CMD_COPY moves bytes for it.
+	dresp.comp_mask = XSRC_GET_CONTEXT_RESP_MASK_CALLER;
+	dresp.caller_pid = static_cast<uint32_t>(caller.pid());
+	dresp.caller_uid = static_cast<uint32_t>(ctx.uid);
+	dresp.caps = XSRC_CAP_COPY;
+	if (int err = respond(caller, req, as_bytes_of(resp), get_context_resp_bytes(ctx, dresp)))
 		return err;
 
 	ctx.async_wr = std::move(async_wr);
@@ -139,8 +154,8 @@ int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req)
 int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<xsrc_channel_pool>(req.core);
-	if (cmd.comp_mask)
-		return EOPNOTSUPP;
+	if (int err = check_comp_mask(cmd.comp_mask, 0))
+		return err;
 	if (cmd.reserved)
 		return EINVAL;
 	if (int err = check_no_driver_data(req))

@@ -89,7 +89,8 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 	dev->name = name;
 	dev->uverbs_index = index;
 	dev->netdev = info;
-	dev->view.driver_abi = XSRC_DRIVER_ABI_VERSION;
+	dev->view.driver_abi = XSRC_DRIVER_ABI_VERSION;  // the generation, whatever the revision
+	dev->abi_revision = abi_revision_;
 	dev->view.cmd_dir = fuse_root_ + "/" + name;
 	refresh_device_view(*dev);
 	const std::string shm_path = shm_dir_ + "/xsrc-" + name;
@@ -108,6 +109,15 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 		return err;
 	}
 	devices_.emplace(name, std::move(dev));
+	return 0;
+}
+
+int Daemon::set_abi_revision(uint32_t revision)
+{
+	if (revision < 1 || revision > XSRC_DRIVER_ABI_REVISION)
+		return EINVAL;
+	std::lock_guard lock(mu_);
+	abi_revision_ = revision;
 	return 0;
 }
 

@@ -31,6 +31,9 @@ public:
 	int add_device(const std::string &name, const std::string &netdev, std::string &error);
 	int remove_device(const std::string &name);
 	void remove_all_devices();
+	// The driver ABI revision devices added from now on serve (xsrcd --abi):
+	// 1 ..XSRC_DRIVER_ABI_REVISION; EINVAL otherwise.
+	int set_abi_revision(uint32_t revision);
 	std::string status();
 	void on_netdev_change(int ifindex);
 
@@ -65,6 +68,7 @@ private:
 	std::map<std::string, std::unique_ptr<Device>> devices_;
 	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
 	uint64_t next_context_id_ = 1;
+	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
 	OwnedFd owner_watch_;  // epoll over the owners' pidfds
 };
 

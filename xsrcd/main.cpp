@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "daemon.h"
 #include "fuse_fs.h"
 #include "netdev.h"
+#include "xsrc-abi.h"
 
 namespace {
 
@@ -35,9 +37,24 @@ void request_exit()
 [[noreturn]] void usage(int status)
 {
 	fprintf(status ? stderr : stdout,
-		"usage: xsrcd [--rundir DIR]\n"
-		"The xsrc device daemon; normally started by 'xsrc up'.\n");
+		"usage: xsrcd [--rundir DIR] [--abi N]\n"
+		"The xsrc device daemon; normally started by 'xsrc up'.\n"
+		"  --abi N   serve driver ABI revision N (1..%d, default %d) to\n"
+		"            test providers against an older daemon\n",
+		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION);
 	exit(status);
+}
+
+// --abi N: a revision this daemon can serve, else 0.
+uint32_t parse_abi_revision(const std::string &text)
+{
+	char *end = nullptr;
+	errno = 0;
+	unsigned long n = strtoul(text.c_str(), &end, 10);
+	if (errno || text.empty() || *end || !isdigit(static_cast<unsigned char>(text[0])) || n < 1 ||
+	    n > XSRC_DRIVER_ABI_REVISION)
+		return 0;
+	return static_cast<uint32_t>(n);
 }
 
 // Takes the pid file's lock for the daemon's lifetime: two `xsrc up` at once
@@ -65,14 +82,23 @@ int lock_pidfile(const std::string &pidfile, long &holder)
 int main(int argc, char **argv)
 {
 	std::string rundir = xsrc::kDefaultRunDir;
+	uint32_t abi_revision = XSRC_DRIVER_ABI_REVISION;
 	for (int i = 1; i < argc; ++i) {
 		std::string arg = argv[i];
-		if (arg == "--rundir" && i + 1 < argc)
+		if (arg == "--rundir" && i + 1 < argc) {
 			rundir = argv[++i];
-		else if (arg == "--help" || arg == "-h")
+		} else if (arg == "--abi" && i + 1 < argc) {
+			abi_revision = parse_abi_revision(argv[++i]);
+			if (!abi_revision) {
+				fprintf(stderr, "xsrcd: --abi %s: this daemon serves driver ABI revisions 1 to %d\n",
+					argv[i], XSRC_DRIVER_ABI_REVISION);
+				return 2;
+			}
+		} else if (arg == "--help" || arg == "-h") {
 			usage(0);
-		else
+		} else {
 			usage(2);
+		}
 	}
 	if (geteuid() != 0) {
 		fprintf(stderr, "xsrcd: must run as root\n");
@@ -108,6 +134,7 @@ int main(int argc, char **argv)
 	int status = 0;
 	{
 		xsrc::Daemon daemon(sysfs_root, fuse_root);
+		daemon.set_abi_revision(abi_revision);  // validated above
 		xsrc::FuseFs fuse(daemon, fuse_root);
 		if (int err = fuse.mount()) {
 			fprintf(stderr, "xsrcd: cannot mount the command file system at %s: %s\n",
@@ -125,7 +152,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "xsrcd: cannot listen on %s: %s\n", socket_path.c_str(), strerror(err));
 			status = 1;
 		} else {
-			fprintf(stderr, "xsrcd: serving %s (pid %d)\n", fuse_root.c_str(), getpid());
+			fprintf(stderr, "xsrcd: serving %s (pid %d, driver ABI %d revision %u)\n", fuse_root.c_str(),
+				getpid(), XSRC_DRIVER_ABI_VERSION, abi_revision);
 			fuse.run();
 		}
 		daemon.remove_all_devices();

@@ -54,12 +54,14 @@ bool Context::post_async_event(uint64_t element, uint32_t event_type)
 
 std::optional<uint32_t> SlotTable::allocate(ObjectRef ref)
 {
-	if (used_ >= slots_.size())
+	if (used_ >= size_)
 		return std::nullopt;
-	while (slots_[next_])
-		next_ = (next_ + 1) % slots_.size();
+	while (next_ < slots_.size() && slots_[next_])
+		next_ = (next_ + 1) % size_;
+	if (next_ == slots_.size())
+		slots_.emplace_back();
 	uint32_t index = next_;
-	next_ = (next_ + 1) % slots_.size();
+	next_ = (next_ + 1) % size_;
 	slots_[index] = ref;
 	++used_;
 	return index;

@@ -21,6 +21,7 @@
 #include "caller.h"
 #include "netdev.h"
 #include "sysfs_view.h"
+#include "xsrc-abi.h"
 
 namespace xsrc {
 
@@ -239,7 +240,7 @@ struct Context {
 // handed out round robin, so that a number is not reused right away.
 class SlotTable {
 public:
-	explicit SlotTable(uint32_t size) : slots_(size) {}
+	explicit SlotTable(uint32_t size) : size_(size) {}
 	// A free slot for `ref`, or nothing when the table is full.
 	std::optional<uint32_t> allocate(ObjectRef ref);
 	void release(uint32_t index);
@@ -249,14 +250,20 @@ public:
 	uint32_t used() const { return used_; }
 
 private:
+	// Grows as slots are first handed out: a device with a few QPs (or the
+	// fuzzer's device of each input) does not pay for the whole table.
 	std::vector<ObjectRef> slots_;
-	uint32_t next_ = 0;
+	uint32_t size_;
+	uint32_t next_ = 0;  // never past slots_.size()
 	uint32_t used_ = 0;
 };
 
 struct Device {
 	std::string name;
 	unsigned uverbs_index = 0;
+	// The driver ABI revision served (xsrcd --abi): what GET_CONTEXT reports
+	// and writes, which private commands exist (kernel-abi/README.md).
+	uint32_t abi_revision = XSRC_DRIVER_ABI_REVISION;
 	NetdevInfo netdev;
 	DeviceView view;
 	std::vector<Context *> contexts;

@@ -31,14 +31,16 @@ void to_wc(const xsrc_cqe &c, ibv_wc &wc)
 bool pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
+	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
+	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	if (cq->old_ring) {
-		if (xsrc::cq_pop(cq->old_ring, c)) {
+		if (xsrc::cq_pop(cq->old_ring, c, may_write)) {
 			to_wc(c, wc);
 			return true;
 		}
 		cq->old_ring = nullptr;
 	}
-	if (!xsrc::cq_pop(cq->ring, c))
+	if (!xsrc::cq_pop(cq->ring, c, may_write))
 		return false;
 	to_wc(c, wc);
 	return true;
@@ -230,4 +232,34 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 
 void xsrc_cq_event(ibv_cq *)
 {
+}
+
+// --- where CQ-ring payloads may go -----------------------------------------
+
+void xsrc_local_mrs::add(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	spans_.push_back({addr, addr + length});
+}
+
+void xsrc_local_mrs::remove(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	auto it = std::find_if(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start == addr && s.end == addr + length;
+	});
+	if (it != spans_.end())
+		spans_.erase(it);
+}
+
+bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
+{
+	if (length == 0)
+		return true;  // nothing is written
+	if (addr + length < addr)
+		return false;
+	std::shared_lock guard(lock_);
+	return std::any_of(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start <= addr && addr + length <= s.end;
+	});
 }

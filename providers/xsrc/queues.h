@@ -4,6 +4,7 @@
 // rings (one producer, many consumers). Formats: kernel-abi/xsrc-queues.h.
 #pragma once
 
+#include <infiniband/verbs.h>
 #include <xsrc-queues.h>
 
 #include <sched.h>
@@ -58,6 +59,34 @@ struct Arena {
 	uint32_t *atomic_lock(uint64_t hash) const
 	{
 		return at<uint32_t>(header().atomic_locks_off) + hash % XSRC_ATOMIC_LOCKS;
+	}
+};
+
+// Pids of peers whose memory we may not reach ourselves (another user):
+// learnt once per peer, then their traffic goes through the device. A small
+// open-addressed set of atomics, zero-initialised; when it is full a peer is
+// simply learnt again (one more failed system call), never lost.
+struct PeerSet {
+	static constexpr size_t kSlots = 64;
+	uint32_t slots[kSlots];
+
+	bool contains(uint32_t pid) const
+	{
+		for (size_t i = 0; i < 4; ++i)
+			if (atomic(const_cast<uint32_t &>(slots[(pid + i) % kSlots]))
+				    .load(std::memory_order_relaxed) == pid)
+				return true;
+		return false;
+	}
+	void add(uint32_t pid)
+	{
+		for (size_t i = 0; i < 4; ++i) {
+			uint32_t expected = 0;
+			if (atomic(slots[(pid + i) % kSlots])
+				    .compare_exchange_strong(expected, pid, std::memory_order_relaxed) ||
+			    expected == pid)
+				return;
+		}
 	}
 };
 
@@ -121,16 +150,28 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 	}
 }
 
-// Takes the oldest completion (the owner is the only consumer).
-inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out)
+// Takes the oldest completion (the owner is the only consumer). A payload
+// that travels with it is placed only where may_write(va, len) says this
+// process registered memory for it: the ring is in the arena, which any
+// process can write, so deferred_va is never trusted by itself. A payload
+// that may not be placed turns the completion into IBV_WC_LOC_PROT_ERR.
+template <typename MayWrite>
+inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
 {
 	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
 	xsrc_cqe *slot = cq_slot(ring, pos);
 	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
 		return false;
 	out = *slot;
-	if ((out.flags & XSRC_CQE_DEFERRED) && out.byte_len <= ring->payload_stride)
-		std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos), out.byte_len);
+	if (out.flags & XSRC_CQE_DEFERRED) {
+		if (out.byte_len <= ring->payload_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos),
+				    out.byte_len);
+		} else {
+			out.status = IBV_WC_LOC_PROT_ERR;
+			out.byte_len = 0;
+		}
+	}
 	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
 	atomic(ring->head).store(pos + 1, std::memory_order_release);
 	return true;

@@ -126,15 +126,15 @@ ibv_wc_status remote_scatter(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe
 
 // Copies local iovecs into the responder's memory, or from it. Returns 0, or
 // ESRCH when the responder's process is gone (its QP is unreachable, not in
-// error), or EFAULT.
+// error), EPERM when we may not touch it (another user), or EFAULT.
 int write_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
 		 uint64_t total)
 {
 	if (total == 0)
 		return 0;
 	ssize_t n = process_vm_writev(pid, local, nlocal, remote, nremote, 0);
-	if (n < 0 && errno == ESRCH)
-		return ESRCH;
+	if (n < 0 && (errno == ESRCH || errno == EPERM))
+		return errno;
 	return n >= 0 && static_cast<uint64_t>(n) == total ? 0 : EFAULT;
 }
 
@@ -144,14 +144,126 @@ int read_remote(pid_t pid, const iovec *local, size_t nlocal, const iovec *remot
 	if (total == 0)
 		return 0;
 	ssize_t n = process_vm_readv(pid, local, nlocal, remote, nremote, 0);
-	if (n < 0 && errno == ESRCH)
-		return ESRCH;
+	if (n < 0 && (errno == ESRCH || errno == EPERM))
+		return errno;
 	return n >= 0 && static_cast<uint64_t>(n) == total ? 0 : EFAULT;
 }
 
 Result unreachable()
 {
 	return {Attempt::unreachable, IBV_WC_SUCCESS, 0, 0};
+}
+
+// How the bytes reach a peer's memory: ourselves (the fast path: same PID
+// namespace and allowed to), through the device (XSRC_CMD_COPY), or not at
+// all (an r1 device and a peer we may not touch: the peer is unreachable).
+enum class Path { direct, device, none };
+
+Path peer_path(const xsrc_context *ctx, uint32_t pid)
+{
+	if (ctx->direct && !ctx->denied.contains(pid))
+		return Path::direct;
+	return ctx->can_copy ? Path::device : Path::none;
+}
+
+// A direct attempt was refused (EPERM): remember the peer, go on the slow path.
+Path peer_refused(xsrc_context *ctx, uint32_t pid)
+{
+	ctx->denied.add(pid);
+	return ctx->can_copy ? Path::device : Path::none;
+}
+
+// What the device answered to one XSRC_CMD_COPY: 0, a status of
+// xsrc_copy_resp (EACCES, ESRCH, EFAULT), or EAGAIN when the command itself
+// failed (the device was busy or refused): the peer counts as unreachable.
+#if XSRC_DRIVER_ABI_REVISION >= 2
+constexpr uint32_t kCopyWrite = XSRC_COPY_WRITE, kCopyRead = XSRC_COPY_READ,
+		   kCopyFetchAdd = XSRC_COPY_FETCH_ADD, kCopyCmpSwap = XSRC_COPY_CMP_SWAP;
+constexpr uint32_t kCopyRkey = XSRC_COPY_RKEY, kCopyLkey = XSRC_COPY_LKEY;
+#else
+// Never sent (device_copy() refuses): only so that the callers compile.
+constexpr uint32_t kCopyWrite = 1, kCopyRead = 2, kCopyFetchAdd = 3, kCopyCmpSwap = 4;
+constexpr uint32_t kCopyRkey = 1, kCopyLkey = 2;
+#endif
+
+struct CopyRequest {
+	uint32_t op = 0;
+	uint32_t key_kind = 0;
+	uint32_t key = 0;
+	uint32_t peer_qpn = 0;
+	uint32_t peer_srqn = 0;
+	uint64_t peer_addr = 0;
+	uint64_t compare_add = 0;
+	uint64_t swap = 0;
+};
+
+#if XSRC_DRIVER_ABI_REVISION >= 2
+int device_copy(xsrc_context *ctx, xsrc_qp *qp, const CopyRequest &r, const iovec *local, size_t nlocal,
+		uint64_t length)
+{
+	// More pieces than the device takes: gather them here first.
+	std::vector<unsigned char> gathered;
+	iovec one;
+	if (nlocal > XSRC_COPY_MAX_IOV) {
+		if (r.op != kCopyWrite)
+			return EFAULT;
+		gathered.resize(length);
+		size_t off = 0;
+		for (size_t i = 0; i < nlocal; ++i) {
+			std::memcpy(gathered.data() + off, local[i].iov_base, local[i].iov_len);
+			off += local[i].iov_len;
+		}
+		one = {gathered.data(), length};
+		local = &one;
+		nlocal = 1;
+	}
+	struct {
+		ib_uverbs_cmd_hdr hdr;
+		xsrc_copy body;
+	} cmd{};
+	xsrc_copy_resp resp{};
+	cmd.hdr.command = XSRC_CMD_COPY;
+	cmd.hdr.in_words = sizeof(cmd) / 4;
+	cmd.hdr.out_words = sizeof(resp) / 4;
+	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
+	cmd.body.op = r.op;
+	cmd.body.key_kind = r.key_kind;
+	cmd.body.key = r.key;
+	cmd.body.qp_handle = qp->vqp.qp.handle;
+	cmd.body.peer_qpn = r.peer_qpn;
+	cmd.body.peer_srqn = r.peer_srqn;
+	cmd.body.peer_addr = r.peer_addr;
+	cmd.body.length = length;
+	cmd.body.local_iov = reinterpret_cast<uintptr_t>(local);
+	cmd.body.num_local = static_cast<uint32_t>(nlocal);
+	cmd.body.compare_add = r.compare_add;
+	cmd.body.swap = r.swap;
+	int saved = errno;
+	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
+	errno = saved;
+	if (n != static_cast<ssize_t>(sizeof(cmd)))
+		return EAGAIN;
+	return static_cast<int>(resp.status);
+}
+#else
+int device_copy(xsrc_context *, xsrc_qp *, const CopyRequest &, const iovec *, size_t, uint64_t)
+{
+	return EAGAIN;  // an r1 build has no such command: the peer is unreachable
+}
+#endif
+
+// The part of `src` that covers bytes [from, from + len).
+size_t iov_slice(const iovec *src, size_t nsrc, uint64_t from, uint64_t len, iovec *out)
+{
+	size_t n = 0;
+	uint64_t pos = 0;
+	for (size_t i = 0; i < nsrc; ++i) {
+		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + src[i].iov_len, from + len);
+		if (lo < hi)
+			out[n++] = {static_cast<char *>(src[i].iov_base) + (lo - pos), hi - lo};
+		pos += src[i].iov_len;
+	}
+	return n;
 }
 
 // The device-wide lock that makes atomics atomic with respect to each other
@@ -303,6 +415,40 @@ Result responder_access_error(xsrc_context *ctx, Responder &r)
 	return fail(IBV_WC_REM_ACCESS_ERR);
 }
 
+// The SRQ an XRC message names, for the device's PD check.
+uint32_t copy_srqn(const xsrc_qp *qp, const Responder &r)
+{
+	return qp->type == IBV_QPT_XRC_SEND && r.srq ? r.srq->srqn : 0;
+}
+
+// A SEND's payload into the receive buffers of `rwqe`, through the device:
+// one XSRC_CMD_COPY per receive buffer, each checked against its lkey.
+// Returns 0 or what device_copy() answered.
+int deliver_by_device(xsrc_context *ctx, xsrc_qp *qp, const Responder &r, const xsrc::RecvWqe &rwqe,
+		      const iovec *src, size_t nsrc, uint64_t len)
+{
+	uint64_t done = 0;
+	for (uint32_t i = 0; i < rwqe.num_sge && done < len; ++i) {
+		const xsrc_sge &sge = rwqe.sge[i];
+		if (sge.length == 0)
+			continue;
+		uint64_t take = std::min<uint64_t>(sge.length, len - done);
+		std::array<iovec, XSRC_MAX_RECV_SGE + 1> piece;
+		size_t n = iov_slice(src, nsrc, done, take, piece.data());
+		CopyRequest c;
+		c.op = kCopyWrite;
+		c.key_kind = kCopyLkey;
+		c.key = sge.lkey;
+		c.peer_qpn = r.qp->qpn;
+		c.peer_srqn = copy_srqn(qp, r);
+		c.peer_addr = sge.addr;
+		if (int err = device_copy(ctx, qp, c, piece.data(), n, take))
+			return err;
+		done += take;
+	}
+	return 0;
+}
+
 // SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
 // receive is consumed and completed. `write_data` moves the payload once the
 // receive buffers (for SEND) are known.
@@ -369,10 +515,21 @@ Result deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Respond
 			complete_on(ctx, r.cq_off, c, {src.data(), nsrc});
 			return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
 		}
-		if (int err = write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len)) {
+		int err = 0;
+		Path path = peer_path(ctx, r.owner_pid);
+		if (path == Path::direct) {
+			err = write_remote(r.owner_pid, src.data(), nsrc, remote.data(), nremote, len);
+			if (err == EPERM)
+				path = peer_refused(ctx, r.owner_pid);
+		}
+		if (path == Path::device)
+			err = deliver_by_device(ctx, qp, r, rwqe, src.data(), nsrc, len);
+		else if (path == Path::none)
+			err = ESRCH;
+		if (err) {
 			if (ud)
 				return {};
-			if (err == ESRCH)
+			if (err == ESRCH || err == EAGAIN)
 				return unreachable();
 			responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR);
 			return fail(IBV_WC_REM_OP_ERR);
@@ -412,6 +569,15 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		return fail(IBV_WC_REM_INV_REQ_ERR);
 	if (local.total > XSRC_MAX_MSG_SIZE)
 		return fail(IBV_WC_LOC_LEN_ERR);
+	// A zero-length RDMA READ or WRITE names no memory: the responder checks neither R_Key
+	// nor VA (IBTA C9-88). UCX's rc_verbs flushes with an empty inline write, rkey 0.
+	if (local.total == 0 && !is_atomic) {
+		if (wqe.opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
+			return {Attempt::done, IBV_WC_SUCCESS, 0, 0};
+		if (!r.rq || xsrc::recv_count(r.rq) == 0)
+			return reliable(qp->type) ? Result{Attempt::rnr, IBV_WC_SUCCESS, 0, r.qp->min_rnr_timer} : Result{};
+		return deliver(ctx, qp, wqe, r, local, false, reliable(qp->type));
+	}
 
 	uint64_t va;
 	if (!mr_range(live_mr(ctx->arena, wqe.rkey), r.owner_pid, r.rkey_pd_id, wqe.remote_addr,
@@ -419,31 +585,70 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		return responder_access_error(ctx, r);
 	iovec remote{reinterpret_cast<void *>(va), local.total};
 	pid_t peer = static_cast<pid_t>(r.owner_pid);
+	Path path = peer_path(ctx, r.owner_pid);
+	// The same access through the device, which checks it on its own records.
+	CopyRequest copy;
+	copy.key_kind = kCopyRkey;
+	copy.key = wqe.rkey;
+	copy.peer_qpn = r.qp->qpn;
+	copy.peer_srqn = copy_srqn(qp, r);
+	copy.peer_addr = wqe.remote_addr;
+	copy.compare_add = wqe.compare_add;
+	copy.swap = wqe.swap;
+	auto copy_failed = [&](int err) {
+		if (err == ESRCH || err == EAGAIN)
+			return unreachable();
+		return err == EFAULT ? fail(IBV_WC_LOC_PROT_ERR) : responder_access_error(ctx, r);
+	};
 
 	if (is_atomic) {
 		uint64_t original;
 		iovec orig_iov{&original, 8};
-		{
+		if (path == Path::direct) {
 			AtomicLock lock(ctx->arena, r.owner_pid, va, static_cast<uint32_t>(ctx->pid));
-			if (int err = read_remote(peer, &orig_iov, 1, &remote, 1, 8))
+			int err = read_remote(peer, &orig_iov, 1, &remote, 1, 8);
+			if (err && err != EPERM)
 				return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
-			uint64_t value = original;
-			if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
-				value = original + wqe.compare_add;
-			else if (original == wqe.compare_add)
-				value = wqe.swap;
-			iovec val_iov{&value, 8};
-			if (value != original) {
-				if (int err = write_remote(peer, &val_iov, 1, &remote, 1, 8))
-					return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+			if (!err) {
+				uint64_t value = original;
+				if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+					value = original + wqe.compare_add;
+				else if (original == wqe.compare_add)
+					value = wqe.swap;
+				iovec val_iov{&value, 8};
+				if (value != original) {
+					if (int werr = write_remote(peer, &val_iov, 1, &remote, 1, 8))
+						return werr == ESRCH ? unreachable() : responder_access_error(ctx, r);
+				}
+				std::memcpy(local.iov[0].iov_base, &original, 8);
+				return {Attempt::done, IBV_WC_SUCCESS, 8, 0};
 			}
 		}
-		std::memcpy(local.iov[0].iov_base, &original, 8);
+		// Refused (the lock is released by now), or never ours to try.
+		if (path == Path::direct)
+			path = peer_refused(ctx, r.owner_pid);
+		if (path == Path::none)
+			return unreachable();
+		copy.op = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? kCopyFetchAdd : kCopyCmpSwap;
+		if (int err = device_copy(ctx, qp, copy, local.iov.data(), 1, 8))
+			return copy_failed(err);
 		return {Attempt::done, IBV_WC_SUCCESS, 8, 0};
 	}
 	if (is_read) {
-		if (int err = read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
-			return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+		if (path == Path::direct) {
+			int err = read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total);
+			if (err == EPERM)
+				path = peer_refused(ctx, r.owner_pid);
+			else if (err)
+				return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+		}
+		if (path == Path::none)
+			return unreachable();
+		if (path == Path::device) {
+			copy.op = kCopyRead;
+			if (int err = device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
+				return copy_failed(err);
+		}
 		return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
 	}
 	// RDMA WRITE WITH IMM also consumes a receive: make sure one is there
@@ -453,8 +658,20 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 			return {Attempt::rnr, IBV_WC_SUCCESS, 0, r.qp->min_rnr_timer};
 		return {};
 	}
-	if (int err = write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total))
-		return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+	if (path == Path::direct) {
+		int err = write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total);
+		if (err == EPERM)
+			path = peer_refused(ctx, r.owner_pid);
+		else if (err)
+			return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
+	}
+	if (path == Path::none)
+		return unreachable();
+	if (path == Path::device) {
+		copy.op = kCopyWrite;
+		if (int err = device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
+			return copy_failed(err);
+	}
 	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
 		return deliver(ctx, qp, wqe, r, local, false, reliable(qp->type));
 	return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
@@ -476,7 +693,9 @@ Result execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 	// A retry: is anyone still there? A dead owner whose command file lives
 	// on (a child holds it) keeps its QP in the table, but nothing answers.
 	bool retry = wqe.rnr_retries_left >= 0 || wqe.retries_left >= 0;
-	if (retry && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH)
+	// (Only in our own PID namespace: elsewhere the pid names another
+	// process, and the device answers ESRCH for a dead owner instead.)
+	if (retry && ctx->direct && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH)
 		return unreachable();
 
 	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {

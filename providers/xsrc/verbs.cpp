@@ -84,13 +84,19 @@ ibv_mr *xsrc_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
 		errno = err;
 		return nullptr;
 	}
+	if (access & IBV_ACCESS_LOCAL_WRITE)
+		to_xsrc_ctx(pd->context)->local_mrs.add(reinterpret_cast<uintptr_t>(addr), length);
 	return &vmr->ibv_mr;
 }
 
 int xsrc_dereg_mr(verbs_mr *vmr)
 {
+	ibv_mr &mr = vmr->ibv_mr;
+	xsrc_context *ctx = to_xsrc_ctx(mr.context);
 	if (int err = ibv_cmd_dereg_mr(vmr))
 		return err;
+	if (vmr->access & IBV_ACCESS_LOCAL_WRITE)  // as ibv_cmd_reg_mr recorded it
+		ctx->local_mrs.remove(reinterpret_cast<uintptr_t>(mr.addr), mr.length);
 	delete vmr;
 	return 0;
 }

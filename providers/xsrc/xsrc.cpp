@@ -252,6 +252,19 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	ctx->context_id = resp.driver().context_id;
 	ctx->max_inline_data = resp.driver().max_inline_data;
 	ctx->pid = getpid();
+	ctx->direct = true;  // an r1 device: same PID namespace, as always
+	ctx->can_copy = false;
+#if XSRC_DRIVER_ABI_REVISION >= 2
+	const xsrc_get_context_resp &dresp = resp.driver();
+	if (dresp.driver_abi >= 2 && (dresp.comp_mask & XSRC_GET_CONTEXT_RESP_MASK_CALLER)) {
+		// Arena owner_pid values are pids as the device sees them; in
+		// another PID namespace they name other processes here, so we
+		// never touch a peer's memory ourselves there.
+		ctx->pid = static_cast<pid_t>(dresp.caller_pid);
+		ctx->direct = ctx->pid == getpid();
+		ctx->can_copy = dresp.caps & XSRC_CAP_COPY;
+	}
+#endif
 	if (int err = map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))
 		return err;
 	ibv_port_attr port{};

@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -81,13 +82,35 @@ namespace xsrc {
 class Progress;
 }
 
+// The memory of this context that may be written on its behalf: its MRs
+// with IBV_ACCESS_LOCAL_WRITE, kept in our own memory (the arena's MR table
+// is anyone's to write). A payload that travels in a CQ ring is placed only
+// inside one of them.
+class xsrc_local_mrs {
+public:
+	void add(uint64_t addr, uint64_t length);
+	void remove(uint64_t addr, uint64_t length);
+	bool covers(uint64_t addr, uint64_t length) const;
+
+private:
+	struct span {
+		uint64_t start, end; // [start, end)
+	};
+	mutable std::shared_mutex lock_;
+	std::vector<span> spans_; // few per context
+};
+
 struct xsrc_context {
 	verbs_context ibv_ctx; // libibverbs callocs the whole struct
 	xsrc_comp_channels channels; // so this is constructed in place
 	uint64_t context_id;
 	uint32_t max_inline_data;
 	xsrc::Arena arena;           // the device's shared memory
-	pid_t pid;                   // ours: owner_pid of our QPs and MRs
+	pid_t pid;                   // ours as the device sees it: owner_pid of our QPs and MRs
+	bool direct;                 // we may try peers' memory ourselves (same PID namespace)
+	bool can_copy;               // the device moves bytes for us (XSRC_CMD_COPY)
+	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
+	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	std::mutex progress_lock;
 	std::unique_ptr<xsrc::Progress> progress; // started on first need

@@ -282,6 +282,27 @@ TEST_F(AccessErrors, WriteBadRkey)
 	}
 }
 
+// A zero-length RDMA WRITE or READ touches no memory, so no R_Key or address
+// is checked (IBTA C9-88); UCX's rc_verbs flushes with such a write, rkey 0.
+TEST_F(AccessErrors, ZeroLengthRdmaChecksNoKey)
+{
+	Pair p = rc_pair(cq_, cq_, pcq_);
+	for (ibv_wr_opcode op : {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ}) {
+		SCOPED_TRACE(op == IBV_WR_RDMA_WRITE ? "write" : "read");
+		SendWr w(7, op, dst_->addr(), 0, dst_->lkey());
+		ASSERT_EQ(w.rdma(0, 0).post(p.qp), 0);
+		ibv_wc wc{};
+		ASSERT_TRUE(one_completion(cq_, &wc));
+		EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
+		EXPECT_EQ(qp_state(p.qp), IBV_QPS_RTS);
+	}
+	EXPECT_EQ(peer_bad_bytes(target_, kPeerFill, 0), 0u) << "the target is untouched";
+	// A non-zero length with the same key is still refused.
+	SendWr w(8, IBV_WR_RDMA_WRITE, src_->addr(), 1, src_->lkey());
+	w.rdma(0, 0);
+	expect_remote_error(w, target_, IBV_WC_REM_ACCESS_ERR);
+}
+
 // An rkey that is valid on the device but names an MR of another process
 // (the requester's own) or of another PD of the responder.
 TEST_F(AccessErrors, WriteRkeyOfAnotherOwnerOrPd)

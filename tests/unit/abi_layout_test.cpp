@@ -1,0 +1,331 @@
+// Layout tests of the driver ABI (kernel-abi/xsrc-abi.h) and of the queue
+// formats shared through the arena (kernel-abi/xsrc-queues.h): every struct's
+// size and alignment and every field's offset and size are pinned, and every
+// revision-1 struct must be a prefix of today's (kernel-abi/README.md).
+// A change that moves a field fails here; an append needs a new pin.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+#include "abi_layout.h"
+#include "xsrc-abi.h"
+#include "xsrc-queues.h"
+
+namespace xsrc::abi_test {
+namespace {
+
+struct Pin {
+	LayoutRow actual;
+	size_t offset;  // pinned
+	size_t size;    // pinned
+	size_t align;   // pinned, structs only
+	size_t actual_align;
+};
+
+#define XSRC_PIN_STRUCT(T, size_, align_) \
+	Pin{{#T, nullptr, 0, sizeof(T)}, 0, size_, align_, alignof(T)}
+#define XSRC_PIN_FIELD(T, f, offset_, size_) \
+	Pin{{#T, #f, offsetof(T, f), sizeof(T::f)}, offset_, size_, 0, 0}
+
+const Pin kPins[] = {
+	// xsrc-abi.h
+	XSRC_PIN_STRUCT(xsrc_fd_pair, 8, 4),
+	XSRC_PIN_FIELD(xsrc_fd_pair, rd_fd, 0, 4),
+	XSRC_PIN_FIELD(xsrc_fd_pair, wr_fd, 4, 4),
+	XSRC_PIN_STRUCT(xsrc_get_context_req, 80, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_req, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_req, num_channel_fds, 4, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_req, async_fds, 8, 8),
+	XSRC_PIN_FIELD(xsrc_get_context_req, channel_fds, 16, 64),
+	XSRC_PIN_STRUCT(xsrc_get_context_resp, 40, 8),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, driver_abi, 4, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, context_id, 8, 8),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, max_inline_data, 16, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, channel_pool_free, 20, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, caller_pid, 24, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, caller_uid, 28, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, caps, 32, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, reserved, 36, 4),
+	XSRC_PIN_STRUCT(xsrc_create_cq_resp, 16, 8),
+	XSRC_PIN_FIELD(xsrc_create_cq_resp, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_create_cq_resp, channel_pool_free, 4, 4),
+	XSRC_PIN_FIELD(xsrc_create_cq_resp, ring_off, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_resize_cq_resp, 8, 8),
+	XSRC_PIN_FIELD(xsrc_resize_cq_resp, ring_off, 0, 8),
+	XSRC_PIN_STRUCT(xsrc_alloc_pd_resp, 8, 4),
+	XSRC_PIN_FIELD(xsrc_alloc_pd_resp, pd_id, 0, 4),
+	XSRC_PIN_FIELD(xsrc_alloc_pd_resp, reserved, 4, 4),
+	XSRC_PIN_STRUCT(xsrc_create_qp_resp, 16, 8),
+	XSRC_PIN_FIELD(xsrc_create_qp_resp, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_create_qp_resp, reserved, 4, 4),
+	XSRC_PIN_FIELD(xsrc_create_qp_resp, rq_off, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_create_srq_resp, 16, 8),
+	XSRC_PIN_FIELD(xsrc_create_srq_resp, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_create_srq_resp, reserved, 4, 4),
+	XSRC_PIN_FIELD(xsrc_create_srq_resp, ring_off, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_raise_event, 16, 8),
+	XSRC_PIN_FIELD(xsrc_raise_event, kind, 0, 4),
+	XSRC_PIN_FIELD(xsrc_raise_event, reserved, 4, 4),
+	XSRC_PIN_FIELD(xsrc_raise_event, object, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_channel_pool, 24, 8),
+	XSRC_PIN_FIELD(xsrc_channel_pool, response, 0, 8),
+	XSRC_PIN_FIELD(xsrc_channel_pool, comp_mask, 8, 4),
+	XSRC_PIN_FIELD(xsrc_channel_pool, reserved, 12, 4),
+	XSRC_PIN_FIELD(xsrc_channel_pool, fds, 16, 8),
+	XSRC_PIN_STRUCT(xsrc_channel_pool_resp, 8, 4),
+	XSRC_PIN_FIELD(xsrc_channel_pool_resp, channel_pool_free, 0, 4),
+	XSRC_PIN_FIELD(xsrc_channel_pool_resp, reserved, 4, 4),
+	XSRC_PIN_STRUCT(xsrc_copy, 80, 8),
+	XSRC_PIN_FIELD(xsrc_copy, response, 0, 8),
+	XSRC_PIN_FIELD(xsrc_copy, comp_mask, 8, 4),
+	XSRC_PIN_FIELD(xsrc_copy, op, 12, 4),
+	XSRC_PIN_FIELD(xsrc_copy, key_kind, 16, 4),
+	XSRC_PIN_FIELD(xsrc_copy, key, 20, 4),
+	XSRC_PIN_FIELD(xsrc_copy, qp_handle, 24, 4),
+	XSRC_PIN_FIELD(xsrc_copy, peer_qpn, 28, 4),
+	XSRC_PIN_FIELD(xsrc_copy, peer_addr, 32, 8),
+	XSRC_PIN_FIELD(xsrc_copy, length, 40, 8),
+	XSRC_PIN_FIELD(xsrc_copy, local_iov, 48, 8),
+	XSRC_PIN_FIELD(xsrc_copy, num_local, 56, 4),
+	XSRC_PIN_FIELD(xsrc_copy, peer_srqn, 60, 4),
+	XSRC_PIN_FIELD(xsrc_copy, compare_add, 64, 8),
+	XSRC_PIN_FIELD(xsrc_copy, swap, 72, 8),
+	XSRC_PIN_STRUCT(xsrc_copy_resp, 16, 8),
+	XSRC_PIN_FIELD(xsrc_copy_resp, status, 0, 4),
+	XSRC_PIN_FIELD(xsrc_copy_resp, reserved, 4, 4),
+	XSRC_PIN_FIELD(xsrc_copy_resp, bytes, 8, 8),
+	// xsrc-queues.h
+	XSRC_PIN_STRUCT(xsrc_arena_header, 72, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, magic, 0, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, version, 8, 4),
+	XSRC_PIN_FIELD(xsrc_arena_header, reserved, 12, 4),
+	XSRC_PIN_FIELD(xsrc_arena_header, size, 16, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, qp_table_off, 24, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, mr_table_off, 32, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, srq_table_off, 40, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, atomic_locks_off, 48, 8),
+	XSRC_PIN_FIELD(xsrc_arena_header, reserved2, 56, 16),
+	XSRC_PIN_STRUCT(xsrc_qp_entry, 184, 8),
+	XSRC_PIN_FIELD(xsrc_qp_entry, state, 0, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, qpn, 4, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, generation, 8, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, owner_pid, 12, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, owner_context, 16, 8),
+	XSRC_PIN_FIELD(xsrc_qp_entry, qp_type, 24, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, port_num, 25, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, path_mtu, 26, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, min_rnr_timer, 27, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, rnr_retry, 28, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, retry_cnt, 29, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, timeout, 30, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, sq_sig_all, 31, 1),
+	XSRC_PIN_FIELD(xsrc_qp_entry, pd_id, 32, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, qkey, 36, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, access_flags, 40, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, dest_qpn, 44, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, rq_psn, 48, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, sq_psn, 52, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, srqn, 56, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, xrcd_id, 60, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, rq_off, 64, 8),
+	XSRC_PIN_FIELD(xsrc_qp_entry, send_cq_off, 72, 8),
+	XSRC_PIN_FIELD(xsrc_qp_entry, recv_cq_off, 80, 8),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_send_wr, 88, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_recv_wr, 92, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_send_sge, 96, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_recv_sge, 100, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_inline_data, 104, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_rd_atomic, 108, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, max_dest_rd_atomic, 112, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, reserved, 116, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, dgid, 120, 16),
+	XSRC_PIN_FIELD(xsrc_qp_entry, reserved2, 136, 48),
+	XSRC_PIN_STRUCT(xsrc_mr_entry, 48, 8),
+	XSRC_PIN_FIELD(xsrc_mr_entry, key, 0, 4),
+	XSRC_PIN_FIELD(xsrc_mr_entry, pd_id, 4, 4),
+	XSRC_PIN_FIELD(xsrc_mr_entry, access, 8, 4),
+	XSRC_PIN_FIELD(xsrc_mr_entry, owner_pid, 12, 4),
+	XSRC_PIN_FIELD(xsrc_mr_entry, addr, 16, 8),
+	XSRC_PIN_FIELD(xsrc_mr_entry, length, 24, 8),
+	XSRC_PIN_FIELD(xsrc_mr_entry, iova, 32, 8),
+	XSRC_PIN_FIELD(xsrc_mr_entry, reserved, 40, 8),
+	XSRC_PIN_STRUCT(xsrc_srq_entry, 48, 8),
+	XSRC_PIN_FIELD(xsrc_srq_entry, srqn, 0, 4),
+	XSRC_PIN_FIELD(xsrc_srq_entry, owner_pid, 4, 4),
+	XSRC_PIN_FIELD(xsrc_srq_entry, owner_context, 8, 8),
+	XSRC_PIN_FIELD(xsrc_srq_entry, ring_off, 16, 8),
+	XSRC_PIN_FIELD(xsrc_srq_entry, cq_off, 24, 8),
+	XSRC_PIN_FIELD(xsrc_srq_entry, pd_id, 32, 4),
+	XSRC_PIN_FIELD(xsrc_srq_entry, xrcd_id, 36, 4),
+	XSRC_PIN_FIELD(xsrc_srq_entry, srq_type, 40, 4),
+	XSRC_PIN_FIELD(xsrc_srq_entry, reserved, 44, 4),
+	XSRC_PIN_STRUCT(xsrc_cq_ring, 64, 8),
+	XSRC_PIN_FIELD(xsrc_cq_ring, num_entries, 0, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, cqe, 4, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, head, 8, 8),
+	XSRC_PIN_FIELD(xsrc_cq_ring, tail, 16, 8),
+	XSRC_PIN_FIELD(xsrc_cq_ring, armed, 24, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, overflow, 28, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, owner_pid, 32, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, payload_stride, 36, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, reserved2, 40, 24),
+	XSRC_PIN_STRUCT(xsrc_cqe, 64, 8),
+	XSRC_PIN_FIELD(xsrc_cqe, seq, 0, 8),
+	XSRC_PIN_FIELD(xsrc_cqe, wr_id, 8, 8),
+	XSRC_PIN_FIELD(xsrc_cqe, status, 16, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, opcode, 20, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, vendor_err, 24, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, byte_len, 28, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, imm_data, 32, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, qp_num, 36, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, src_qp, 40, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, wc_flags, 44, 4),
+	XSRC_PIN_FIELD(xsrc_cqe, pkey_index, 48, 2),
+	XSRC_PIN_FIELD(xsrc_cqe, slid, 50, 2),
+	XSRC_PIN_FIELD(xsrc_cqe, sl, 52, 1),
+	XSRC_PIN_FIELD(xsrc_cqe, dlid_path_bits, 53, 1),
+	XSRC_PIN_FIELD(xsrc_cqe, flags, 54, 1),
+	XSRC_PIN_FIELD(xsrc_cqe, reserved, 55, 1),
+	XSRC_PIN_FIELD(xsrc_cqe, deferred_va, 56, 8),
+	XSRC_PIN_STRUCT(xsrc_sge, 16, 8),
+	XSRC_PIN_FIELD(xsrc_sge, addr, 0, 8),
+	XSRC_PIN_FIELD(xsrc_sge, length, 8, 4),
+	XSRC_PIN_FIELD(xsrc_sge, lkey, 12, 4),
+	XSRC_PIN_STRUCT(xsrc_recv_ring, 64, 8),
+	XSRC_PIN_FIELD(xsrc_recv_ring, num_entries, 0, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, stride, 4, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, max_wr, 8, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, max_sge, 12, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, head, 16, 8),
+	XSRC_PIN_FIELD(xsrc_recv_ring, tail, 24, 8),
+	XSRC_PIN_FIELD(xsrc_recv_ring, srq_limit, 32, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, owner_pid, 36, 4),
+	XSRC_PIN_FIELD(xsrc_recv_ring, reserved, 40, 24),
+	XSRC_PIN_STRUCT(xsrc_recv_wqe, 24, 8),
+	XSRC_PIN_FIELD(xsrc_recv_wqe, seq, 0, 8),
+	XSRC_PIN_FIELD(xsrc_recv_wqe, wr_id, 8, 8),
+	XSRC_PIN_FIELD(xsrc_recv_wqe, num_sge, 16, 4),
+	XSRC_PIN_FIELD(xsrc_recv_wqe, reserved, 20, 4),
+};
+
+#undef XSRC_PIN_STRUCT
+#undef XSRC_PIN_FIELD
+
+std::string name_of(const LayoutRow &row)
+{
+	return std::string(row.type) + (row.field ? std::string(".") + row.field : "");
+}
+
+const Pin *find_pin(const char *type, const char *field)
+{
+	auto it = std::ranges::find_if(kPins, [&](const Pin &pin) {
+		return std::string(pin.actual.type) == type &&
+		       (field ? pin.actual.field && std::string(pin.actual.field) == field : !pin.actual.field);
+	});
+	return it == std::end(kPins) ? nullptr : &*it;
+}
+
+TEST(AbiLayout, EveryStructAndFieldIsWherePinned)
+{
+	for (const Pin &pin : kPins) {
+		SCOPED_TRACE(name_of(pin.actual));
+		EXPECT_EQ(pin.actual.offset, pin.offset);
+		EXPECT_EQ(pin.actual.size, pin.size);
+		EXPECT_EQ(pin.actual_align, pin.align);
+	}
+}
+
+// The rules of kernel-abi/README.md that a layout can break by itself.
+TEST(AbiLayout, StructsAreWholeWordsAndFieldsNaturallyAligned)
+{
+	for (const Pin &pin : kPins) {
+		SCOPED_TRACE(name_of(pin.actual));
+		if (!pin.actual.field) {
+			EXPECT_EQ(pin.actual.size % 8, 0u) << "a struct is a multiple of 8 bytes";
+			continue;
+		}
+		size_t natural = std::min<size_t>(pin.actual.size, 8);
+		if (natural == 8 || natural == 4 || natural == 2) {
+			EXPECT_EQ(pin.actual.offset % natural, 0u) << "fields are naturally aligned";
+		}
+	}
+}
+
+// Fields never overlap and leave no hole: the compiler added no padding
+// that a different compiler might place differently.
+TEST(AbiLayout, FieldsTileEachStructWithoutPadding)
+{
+	for (const Pin &pin : kPins) {
+		if (pin.actual.field)
+			continue;
+		SCOPED_TRACE(pin.actual.type);
+		size_t end = 0;
+		for (const Pin &field : kPins) {
+			if (!field.actual.field || std::string(field.actual.type) != pin.actual.type)
+				continue;
+			EXPECT_EQ(field.actual.offset, end) << field.actual.field;
+			end = field.actual.offset + field.actual.size;
+		}
+		EXPECT_EQ(end, pin.actual.size);
+	}
+}
+
+TEST(AbiLayout, TheFrozenR1HeaderIsTheRevisionOneLayout)
+{
+	// A few rows of the r1 half, checked against the numbers that r1
+	// providers were built with (they must never change).
+	auto r1 = r1_layout();
+	ASSERT_FALSE(r1.empty());
+	auto row = [&](const char *type, const char *field) -> const LayoutRow * {
+		auto it = std::ranges::find_if(r1, [&](const LayoutRow &r) {
+			return std::string(r.type) == type &&
+			       (field ? r.field && std::string(r.field) == field : !r.field);
+		});
+		return it == r1.end() ? nullptr : &*it;
+	};
+	const LayoutRow *resp = row("xsrc_get_context_resp", nullptr);
+	ASSERT_NE(resp, nullptr);
+	EXPECT_EQ(resp->size, 24u);
+	EXPECT_EQ(row("xsrc_get_context_resp", "caller_pid"), nullptr);
+	EXPECT_EQ(row("xsrc_copy", nullptr), nullptr);
+	const LayoutRow *pool = row("xsrc_get_context_resp", "channel_pool_free");
+	ASSERT_NE(pool, nullptr);
+	EXPECT_EQ(pool->offset, 20u);
+}
+
+// Append-only: every r1 field is where r1 put it, with its size; every
+// field added since lies past the r1 struct's end.
+TEST(AbiLayout, EveryR1StructIsAPrefixOfTodays)
+{
+	for (const LayoutRow &old : r1_layout()) {
+		SCOPED_TRACE(name_of(old));
+		const Pin *now = find_pin(old.type, old.field);
+		ASSERT_NE(now, nullptr) << "removed or renamed since revision 1";
+		EXPECT_EQ(now->actual.offset, old.offset);
+		if (old.field) {
+			EXPECT_EQ(now->actual.size, old.size);
+		} else {
+			EXPECT_GE(now->actual.size, old.size);
+		}
+	}
+	for (const Pin &pin : kPins) {
+		if (!pin.actual.field)
+			continue;
+		bool in_r1 = std::ranges::any_of(r1_layout(), [&](const LayoutRow &r) {
+			return r.field && std::string(r.type) == pin.actual.type && std::string(r.field) == pin.actual.field;
+		});
+		auto r1_struct = std::ranges::find_if(r1_layout(), [&](const LayoutRow &r) {
+			return !r.field && std::string(r.type) == pin.actual.type;
+		});
+		if (in_r1 || r1_struct == r1_layout().end())
+			continue;  // an r1 field, or a struct that revision 1 did not have
+		SCOPED_TRACE(name_of(pin.actual));
+		EXPECT_GE(pin.actual.offset, r1_struct->size) << "a field was inserted, not appended";
+	}
+}
+
+}  // namespace
+}  // namespace xsrc::abi_test

@@ -1,0 +1,358 @@
+// XSRC_CMD_COPY (driver ABI revision 2): the device moves bytes between the
+// caller and a peer's registered memory, for a caller that may not reach the
+// peer's memory itself (another user, another PID namespace). Every decision
+// is taken on the daemon's own records — the caller's QP handle, the peer QP
+// it is connected to, the MR table of the peer's context — never on the
+// arena, which any process of the device can write.
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <vector>
+
+#include "command_handlers.h"
+#include "rings.h"
+#include "xsrc-abi.h"
+
+namespace xsrc {
+namespace {
+
+// Bytes bounced through the daemon per pair of system calls.
+constexpr uint64_t kBounceBytes = 1u << 20;
+// How long an atomic waits for the device-wide lock before giving up
+// (EAGAIN: the requester retries), so that nobody can stall the daemon.
+constexpr auto kAtomicLockWait = std::chrono::milliseconds(100);
+
+bool is_atomic(uint32_t op)
+{
+	return op == XSRC_COPY_FETCH_ADD || op == XSRC_COPY_CMP_SWAP;
+}
+
+bool receive_state(ibv_qp_state s)
+{
+	return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD;
+}
+
+// The remote access an RKEY operation needs of the MR and of the peer QP.
+uint32_t needed_access(uint32_t op)
+{
+	switch (op) {
+	case XSRC_COPY_WRITE:
+		return IB_UVERBS_ACCESS_REMOTE_WRITE;
+	case XSRC_COPY_READ:
+		return IB_UVERBS_ACCESS_REMOTE_READ;
+	default:
+		return IB_UVERBS_ACCESS_REMOTE_ATOMIC;
+	}
+}
+
+// Where the key's bytes are: the owner's process and a virtual address.
+struct Target {
+	Context *owner = nullptr;
+	uint64_t va = 0;
+};
+
+// The MR `key` names in `owner` (a context's MR, by the daemon's table).
+const Mr *find_mr(Device &dev, Context &owner, uint32_t key)
+{
+	auto it = dev.mrs_by_index.find(key >> 8);
+	if (it == dev.mrs_by_index.end() || it->second->lkey != key)
+		return nullptr;
+	for (auto &[handle, obj] : owner.objects)
+		if (const Mr *mr = std::get_if<Mr>(&obj); mr == it->second)
+			return mr;
+	return nullptr;  // another context's MR
+}
+
+uint32_t pd_id_of(Context &ctx, std::optional<uint32_t> pd_handle)
+{
+	const Pd *pd = pd_handle ? lookup<Pd>(ctx, *pd_handle) : nullptr;
+	return pd ? pd->pd_id : 0;
+}
+
+// Resolves the peer side: 0 with `t` filled, or the status (EACCES, ESRCH)
+// explaining why the caller may not reach it.
+uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target &t)
+{
+	Device &dev = *ctx.device;
+	if (cmd.peer_qpn < XSRC_QPN_BASE)
+		return EACCES;
+	ObjectRef ref = dev.qp_slots.find(cmd.peer_qpn - XSRC_QPN_BASE);
+	Qp *peer = ref ? lookup<Qp>(*ref.ctx, ref.handle) : nullptr;
+	if (!peer)
+		return ESRCH;
+	// The transports pair up as on the wire.
+	uint8_t want = own.qp_type == IBV_QPT_XRC_SEND ? uint8_t(IBV_QPT_XRC_RECV) : own.qp_type;
+	if (peer->qp_type != want || !receive_state(qp_state(dev, *peer)))
+		return EACCES;
+	// Connected transports (RC, UC, XRC) reach only the QP they are
+	// connected to, and it must be connected back: our own record of both,
+	// set by MODIFY_QP, as the data path checks the arena's copy.
+	if (own.qp_type != IBV_QPT_UD &&
+	    (own.attributes().dest_qp_num != cmd.peer_qpn || peer->attributes().dest_qp_num != own.qpn()))
+		return EACCES;
+
+	// Whose PD the key must be of, and in which context its MR lives.
+	Context *owner = ref.ctx;
+	uint32_t pd_id = 0;
+	if (peer->qp_type == IBV_QPT_XRC_RECV) {
+		if (cmd.peer_srqn < XSRC_SRQN_BASE)
+			return EACCES;
+		ObjectRef sref = dev.srq_slots.find(cmd.peer_srqn - XSRC_SRQN_BASE);
+		Srq *srq = sref ? lookup<Srq>(*sref.ctx, sref.handle) : nullptr;
+		const Xrcd *xrcd = srq && srq->xrcd_handle ? lookup<Xrcd>(*sref.ctx, *srq->xrcd_handle) : nullptr;
+		if (!srq || srq->srq_type != IBV_SRQT_XRC || !xrcd || !peer->shared ||
+		    xrcd->xrcd_id != peer->shared->xrcd_id)
+			return EACCES;
+		owner = sref.ctx;
+		pd_id = pd_id_of(*owner, srq->pd_handle);
+	} else if (cmd.peer_srqn) {
+		return EACCES;
+	} else if (cmd.key_kind == XSRC_COPY_LKEY && peer->srq_handle) {
+		// Receive buffers of a QP on an SRQ are the SRQ's.
+		const Srq *srq = lookup<Srq>(*owner, *peer->srq_handle);
+		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : 0;
+	} else {
+		pd_id = pd_id_of(*owner, peer->pd_handle);
+	}
+	if (!pd_id)
+		return EACCES;
+
+	uint32_t need;
+	if (cmd.key_kind == XSRC_COPY_RKEY) {
+		need = needed_access(cmd.op);
+		// The responder QP must allow the operation too (IBTA class C).
+		if ((peer->attributes().access_flags & need) != need)
+			return EACCES;
+	} else {
+		need = IB_UVERBS_ACCESS_LOCAL_WRITE;
+	}
+	const Mr *mr = find_mr(dev, *owner, cmd.key);
+	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || (mr->access & need) != need)
+		return EACCES;
+	if (cmd.peer_addr < mr->iova || cmd.length > mr->length ||
+	    cmd.peer_addr - mr->iova > mr->length - cmd.length)
+		return EACCES;
+	t.owner = owner;
+	t.va = mr->addr + (cmd.peer_addr - mr->iova);
+	return 0;
+}
+
+// Reads the caller's iovec array and checks it adds up to `length`.
+int caller_iovs(Caller &caller, const xsrc_copy &cmd, std::vector<iovec> &iov)
+{
+	iov.resize(cmd.num_local);
+	if (cmd.num_local == 0)
+		return 0;
+	iovec local{iov.data(), iov.size() * sizeof(iovec)};
+	iovec remote{reinterpret_cast<void *>(cmd.local_iov), local.iov_len};
+	if (process_vm_readv(caller.pid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(local.iov_len))
+		return EFAULT;
+	uint64_t total = 0;
+	for (const iovec &v : iov) {
+		if (v.iov_len > cmd.length - total)
+			return EINVAL;
+		total += v.iov_len;
+	}
+	return total == cmd.length ? 0 : EINVAL;
+}
+
+bool owner_alive(Context &owner)
+{
+	if (!owner.caller)
+		return false;
+	pollfd p{owner.caller->pidfd(), POLLIN, 0};
+	return poll(&p, 1, 0) == 0;  // a pidfd turns readable when the process exits
+}
+
+// One failed transfer with the peer: gone, or its memory no longer there.
+uint32_t peer_status(Context &owner)
+{
+	return owner_alive(owner) ? EACCES : ESRCH;
+}
+
+// The iovecs of `iov` that cover bytes [from, from + len).
+size_t slice(const std::vector<iovec> &iov, uint64_t from, uint64_t len, std::array<iovec, XSRC_COPY_MAX_IOV> &out)
+{
+	size_t n = 0;
+	uint64_t pos = 0;
+	for (const iovec &v : iov) {
+		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + v.iov_len, from + len);
+		if (lo < hi)
+			out[n++] = {static_cast<char *>(v.iov_base) + (lo - pos), hi - lo};
+		pos += v.iov_len;
+	}
+	return n;
+}
+
+// WRITE / READ through a bounce buffer of the daemon's.
+void move_bytes(Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov, const Target &t,
+		xsrc_copy_resp &resp)
+{
+	std::vector<std::byte> bounce(std::min<uint64_t>(cmd.length, kBounceBytes));
+	pid_t peer = t.owner->owner;
+	bool write = cmd.op == XSRC_COPY_WRITE;
+	for (uint64_t done = 0; done < cmd.length;) {
+		uint64_t len = std::min<uint64_t>(cmd.length - done, bounce.size());
+		std::array<iovec, XSRC_COPY_MAX_IOV> mine;
+		size_t n = slice(iov, done, len, mine);
+		iovec buf{bounce.data(), len};
+		iovec theirs{reinterpret_cast<void *>(t.va + done), len};
+		ssize_t got = write ? process_vm_readv(caller.pid(), &buf, 1, mine.data(), n, 0)
+				    : process_vm_readv(peer, &buf, 1, &theirs, 1, 0);
+		if (got != static_cast<ssize_t>(len)) {
+			resp.status = write ? EFAULT : peer_status(*t.owner);
+			return;
+		}
+		ssize_t put = write ? process_vm_writev(peer, &buf, 1, &theirs, 1, 0)
+				    : process_vm_writev(caller.pid(), &buf, 1, mine.data(), n, 0);
+		if (put != static_cast<ssize_t>(len)) {
+			resp.status = write ? peer_status(*t.owner) : EFAULT;
+			return;
+		}
+		done += len;
+		resp.bytes = done;
+	}
+}
+
+// The arena's lock for the 8 bytes at `va` in `pid` (the hash the
+// providers use, transport.cpp), held while we read-modify-write.
+class ArenaAtomicLock {
+public:
+	ArenaAtomicLock(Arena &arena, pid_t pid, uint64_t va)
+	{
+		uint64_t hash = (uint64_t(uint32_t(pid)) << 40) ^ (va >> 3);
+		word_ = &arena.at<uint32_t>(arena.header().atomic_locks_off + 4 * (hash % XSRC_ATOMIC_LOCKS));
+		auto lock = std::atomic_ref<uint32_t>(*word_);
+		uint32_t me = static_cast<uint32_t>(getpid());
+		auto deadline = std::chrono::steady_clock::now() + kAtomicLockWait;
+		for (unsigned spins = 0;; ++spins) {
+			uint32_t holder = 0;
+			if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire)) {
+				held_ = true;
+				return;
+			}
+			if (spins % 1024 == 1023) {
+				// A holder that died is taken over, as the providers do.
+				if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
+				    lock.compare_exchange_strong(holder, me, std::memory_order_acquire)) {
+					held_ = true;
+					return;
+				}
+				if (std::chrono::steady_clock::now() > deadline)
+					return;
+				sched_yield();
+			}
+		}
+	}
+	~ArenaAtomicLock()
+	{
+		if (held_)
+			std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+	}
+	ArenaAtomicLock(const ArenaAtomicLock &) = delete;
+	ArenaAtomicLock &operator=(const ArenaAtomicLock &) = delete;
+	bool held() const { return held_; }
+
+private:
+	uint32_t *word_ = nullptr;
+	bool held_ = false;
+};
+
+// FETCH_ADD / CMP_SWAP. Returns EAGAIN when the lock stayed busy.
+int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov,
+	      const Target &t, xsrc_copy_resp &resp)
+{
+	pid_t peer = t.owner->owner;
+	uint64_t original;
+	iovec orig{&original, 8};
+	iovec theirs{reinterpret_cast<void *>(t.va), 8};
+	{
+		ArenaAtomicLock lock(*ctx.device->arena, peer, t.va);
+		if (!lock.held())
+			return EAGAIN;
+		if (process_vm_readv(peer, &orig, 1, &theirs, 1, 0) != 8) {
+			resp.status = peer_status(*t.owner);
+			return 0;
+		}
+		uint64_t value = original;
+		if (cmd.op == XSRC_COPY_FETCH_ADD)
+			value = original + cmd.compare_add;
+		else if (original == cmd.compare_add)
+			value = cmd.swap;
+		iovec val{&value, 8};
+		if (value != original && process_vm_writev(peer, &val, 1, &theirs, 1, 0) != 8) {
+			resp.status = peer_status(*t.owner);
+			return 0;
+		}
+	}
+	if (process_vm_writev(caller.pid(), &orig, 1, iov.data(), iov.size(), 0) != 8) {
+		resp.status = EFAULT;  // the remote side is done: as a lost response
+		return 0;
+	}
+	resp.bytes = 8;
+	return 0;
+}
+
+}  // namespace
+
+int cmd_copy(Context &ctx, Caller &caller, const Request &req)
+{
+	if (abi_revision(ctx) < 2)
+		return EOPNOTSUPP;
+	auto cmd = load<xsrc_copy>(req.core);
+	if (int err = check_comp_mask(cmd.comp_mask, 0))
+		return err;
+	if (int err = check_no_driver_data(req))
+		return err;
+	if (cmd.op < XSRC_COPY_WRITE || cmd.op > XSRC_COPY_CMP_SWAP ||
+	    (cmd.key_kind != XSRC_COPY_RKEY && cmd.key_kind != XSRC_COPY_LKEY) ||
+	    cmd.num_local > XSRC_COPY_MAX_IOV || cmd.length > XSRC_MAX_MSG_SIZE)
+		return EINVAL;
+	// A receive buffer only ever takes a payload; atomics are 8 aligned bytes.
+	if (cmd.key_kind == XSRC_COPY_LKEY && cmd.op != XSRC_COPY_WRITE)
+		return EINVAL;
+	if (is_atomic(cmd.op) && (cmd.length != 8 || cmd.num_local != 1 || (cmd.peer_addr & 7)))
+		return EINVAL;
+	if (req.resp_len < sizeof(xsrc_copy_resp))
+		return ENOSPC;
+
+	// The caller acts through one of its own QPs, able to send.
+	const Qp *own = lookup<Qp>(ctx, cmd.qp_handle);
+	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
+		return EINVAL;
+	ibv_qp_state state = qp_state(*ctx.device, *own);
+	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD)
+		return EINVAL;
+	// UD moves nothing but payloads into receives.
+	if (own->qp_type == IBV_QPT_UD && cmd.key_kind != XSRC_COPY_LKEY)
+		return EINVAL;
+
+	std::vector<iovec> iov;
+	xsrc_copy_resp resp{};
+	if (int err = caller_iovs(caller, cmd, iov)) {
+		if (err != EFAULT)
+			return err;
+		resp.status = EFAULT;
+		return respond(caller, req, as_bytes_of(resp));
+	}
+	Target t;
+	resp.status = resolve_peer(ctx, *own, cmd, t);
+	if (!resp.status && cmd.length) {
+		if (!owner_alive(*t.owner))
+			resp.status = ESRCH;
+		else if (is_atomic(cmd.op)) {
+			if (int err = atomic_op(ctx, caller, cmd, iov, t, resp))
+				return err;
+		} else {
+			move_bytes(caller, cmd, iov, t, resp);
+		}
+	}
+	return respond(caller, req, as_bytes_of(resp));
+}
+
+}  // namespace xsrc
