@@ -1,11 +1,14 @@
 #define FUSE_USE_VERSION 312
 #include "fuse_fs.h"
 
+#include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -13,6 +16,7 @@
 #include <span>
 #include <sstream>
 
+#include "command_capture.h"
 #include "daemon.h"
 
 namespace xsrc {
@@ -175,10 +179,37 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *)
 	fuse_reply_err(req, ino >= kContextInoBase ? EPERM : EISDIR);
 }
 
+// XSRC_CAPTURE_DIR=DIR: every command as delivered, appended to
+// DIR/ctx-<daemon pid>-<context id> and, with all contexts in arrival order,
+// to DIR/all-<daemon pid>, in the record format of command_capture.h (the
+// fuzz corpus: tests/fuzz/capture_corpus.sh). Off by default.
+void capture_command(uint64_t context, std::span<const std::byte> bytes)
+{
+	static const char *dir = getenv("XSRC_CAPTURE_DIR");
+	static std::mutex mu;  // commands of different contexts arrive on several threads
+	if (!dir || !*dir || bytes.size() > capture::kMaxRecordLength)
+		return;
+	auto record = capture::encode_record(
+		bytes, capture::kResponseInScratch | capture::kCallerMapsAll | capture::kFreshFds);
+	const std::string prefix = std::string(dir) + "/";
+	const std::string pid = std::to_string(getpid());
+	std::lock_guard lock(mu);
+	for (const std::string &path : {prefix + "ctx-" + pid + "-" + std::to_string(context), prefix + "all-" + pid}) {
+		int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (fd < 0)
+			continue;
+		if (::write(fd, record.data(), record.size()) < 0) {
+			// best effort: capturing never changes what the command does
+		}
+		::close(fd);
+	}
+}
+
 void op_write(fuse_req_t req, fuse_ino_t, const char *buf, size_t size, off_t, fuse_file_info *fi)
 {
 	FsState &fs = state(req);
 	std::span<const std::byte> bytes(reinterpret_cast<const std::byte *>(buf), size);
+	capture_command(fi->fh, bytes);
 	int err = fs.daemon->execute(fi->fh, fuse_req_ctx(req)->pid, bytes);
 	if (err)
 		fuse_reply_err(req, err);
