@@ -1,7 +1,7 @@
 #!/bin/bash
 # tests/packaging/run.sh: the packages of issue 7, end to end, as root on
-# Debian 12. Not wired into CTest or .ci/run (it installs and purges system
-# packages).
+# Debian 12. Run by .ci/run after the test suite; not part of CTest (it
+# installs and purges system packages).
 #
 #  1. builds the .debs (dpkg-buildpackage -b -us -uc) from a copy of the
 #     checkout, in a temporary directory; runs lintian (errors fail the test);
@@ -44,7 +44,7 @@ for arg in "$@"; do
 done
 
 unset RDMAV_DRIVERS IBV_DRIVERS XSRC_RUNDIR  # the installed defaults only
-DEBS=(xsrc-provider xsrcd libibverbs-ext1 libibverbs-ext-dev)
+DEBS=(xsrc-provider xsrcd libibverbs-ext1 libibverbs-ext-dev libxsrc-uct0 libxsrc-uct-dev)
 RUNDIR=/run/xsrc
 XSRCD=/usr/sbin/xsrcd
 XSRC=/usr/bin/xsrc
@@ -130,6 +130,16 @@ pingpong() {  # two processes on xsrc0 over RC, with the GID of index 1
 	[ $client -eq 0 ] && [ $server -eq 0 ]
 }
 
+# build_with_pkgconfig PKG SOURCE OUTPUT: compile and link a program with
+# nothing but what `pkg-config PKG` says (the installed -dev package).
+build_with_pkgconfig() {
+	local cc=cc
+	case $2 in *.cpp) cc=c++ ;; esac
+	# shellcheck disable=SC2046 # pkg-config's output is a list of flags
+	$cc -O2 -Wall -Werror -o "$3" "$2" $(pkg-config --cflags --libs "$1") >"$WORK/build-$1.log" 2>&1 ||
+		{ cat "$WORK/build-$1.log"; return 1; }
+}
+
 devinfo_quiet() { "${VERBS_ENV[@]}" ibv_devinfo -d xsrc0 >/dev/null; }
 
 # The value of KEY= in the installed unit (one line each).
@@ -162,6 +172,15 @@ device_part() {
 	sed 's/^/  | /' "$WORK/devinfo.txt" | head -12
 	check "ibv_devinfo finds xsrc0 with RDMAV_DRIVERS unset" grep -q 'hca_id:.*xsrc0' "$WORK/devinfo.txt"
 	check "two-process ibv_rc_pingpong -g 1 on xsrc0" pingpong
+	say "programs built against the installed -dev packages (pkg-config only)"
+	check "cc xrc_legacy_traffic.c \$(pkg-config --cflags --libs libibverbs-ext)" \
+		build_with_pkgconfig libibverbs-ext "$SRC/tests/xrc_legacy/xrc_legacy_traffic.c" "$WORK/xrc_legacy_traffic"
+	check "it runs legacy XRC traffic between processes on xsrc0" \
+		timeout 120 "${VERBS_ENV[@]}" "$WORK/xrc_legacy_traffic" -d xsrc0 -g 1
+	check "cc uct_hello.c \$(pkg-config --cflags --libs xsrc-uct)" \
+		build_with_pkgconfig xsrc-uct "$SRC/tests/packaging/uct_hello.c" "$WORK/uct_hello"
+	check "it moves an active message and a put through the UCT shim on xsrc0" \
+		timeout 60 "${VERBS_ENV[@]}" "$WORK/uct_hello" xsrc0
 	"$XSRC" down
 	check "xsrc down stopped xsrcd" test -z "$(packaged_xsrcd_pids)"
 	check "xsrc down removed $RUNDIR" test ! -e "$RUNDIR"
@@ -320,6 +339,15 @@ expected_deb_files() {
 			echo "./usr/share/man/man3/ibv_$f.3.gz"
 		done
 		;;
+	libxsrc-uct0)
+		echo "./usr/lib/$MA/libxsrc-uct.so.0"
+		echo "./usr/lib/$MA/libxsrc-uct.so.0.1.0"
+		;;
+	libxsrc-uct-dev)
+		echo ./usr/include/xsrc/uct.h
+		echo "./usr/lib/$MA/libxsrc-uct.so"
+		echo "./usr/lib/$MA/pkgconfig/xsrc-uct.pc"
+		;;
 	esac
 }
 for i in "${!DEBS[@]}"; do
@@ -461,9 +489,16 @@ expected_rpm_files() {
 			echo "/usr/share/man/man3/ibv_$f.3"
 		done
 		;;
+	xsrc-uct)
+		echo "$LIBDIR/libxsrc-uct.so.0"
+		echo "$LIBDIR/libxsrc-uct.so.0.1.0"
+		;;
+	xsrc-uct-devel)
+		printf '%s\n' /usr/include/xsrc /usr/include/xsrc/uct.h "$LIBDIR/libxsrc-uct.so" "$LIBDIR/pkgconfig/xsrc-uct.pc"
+		;;
 	esac
 }
-for p in xsrc-provider xsrcd libibverbs-ext libibverbs-ext-devel; do
+for p in xsrc-provider xsrcd libibverbs-ext libibverbs-ext-devel xsrc-uct xsrc-uct-devel; do
 	rpmfile=$(find "$RPMTOP/RPMS" -name "$p-$RPMVERSION-*.rpm" | head -1)
 	check "built $p rpm" test -n "$rpmfile"
 	# Man pages are compressed or not depending on the host's brp scripts;
