@@ -58,9 +58,9 @@ struct Rx {
 ucs_status_t am_record(void *arg, void *data, size_t length, unsigned flags)
 {
 	auto *rx = static_cast<Rx *>(arg);
-	std::vector<uint8_t> r(1 + length);
-	r[0] = 1;
-	memcpy(r.data() + 1, data, length);
+	const auto *bytes = static_cast<const uint8_t *>(data);
+	std::vector<uint8_t> r{1};
+	r.insert(r.end(), bytes, bytes + length);
 	rx->records.push_back(std::move(r));
 	(void)flags;
 	return UCS_OK;
@@ -70,9 +70,9 @@ ucs_status_t am_record(void *arg, void *data, size_t length, unsigned flags)
 ucs_status_t am_keep(void *arg, void *data, size_t length, unsigned flags)
 {
 	auto *rx = static_cast<Rx *>(arg);
-	std::vector<uint8_t> r(1 + length);
-	r[0] = 2;
-	memcpy(r.data() + 1, data, length);
+	const auto *bytes = static_cast<const uint8_t *>(data);
+	std::vector<uint8_t> r{2};
+	r.insert(r.end(), bytes, bytes + length);
 	rx->records.push_back(r);
 	if (rx->hold && (flags & UCT_CB_PARAM_FLAG_DESC)) {
 		rx->held.emplace_back(data, length);
