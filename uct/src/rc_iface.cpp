@@ -550,7 +550,10 @@ unsigned rc_iface_progress(uct_iface_h h)
 		if (!ep->pending.empty())
 			ep_dispatch_pending(ep);
 	}
-	count += rc_conn_progress(i);
+	// Reading the connection socket is a system call: on every 16th progress
+	// call only (and whenever messages read earlier wait), not on the hot path.
+	if (!i->conn_deferred.empty() || (i->conn_tick++ & 15) == 0)
+		count += rc_conn_progress(i);
 	if (i->cfg.xrc)
 		count += xrc_progress(i);
 	count += tag_iface_progress(i);

@@ -205,6 +205,7 @@ struct Iface : VerbsIface {
 	std::unordered_map<uint32_t, Ep *> by_id;
 	int epfd = -1;        // uct_iface_event_fd_get: the completion channel and watched fds
 	int conn_fd = -1;     // connect-to-iface requests (rc_iface_conn.cpp)
+	unsigned conn_tick = 0; // progress calls; the socket is read on every 16th
 	char conn_name[24]{}; // its abstract socket name = the iface address
 	unsigned conn_seq = 0;                     // the socket's number (its name: pid and this)
 	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by rc_conn_poll
