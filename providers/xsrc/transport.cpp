@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <optional>
 
 namespace {
 
@@ -634,9 +635,12 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 			return copy_failed(err);
 		return {Attempt::done, IBV_WC_SUCCESS, 8, 0};
 	}
-	if (is_read) {
+	// The bytes of a READ or WRITE, moved by us or by the device: nothing
+	// once they moved, else how the work request ends.
+	auto move_bytes = [&](bool read) -> std::optional<Result> {
 		if (path == Path::direct) {
-			int err = read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total);
+			int err = read ? read_remote(peer, local.iov.data(), local.count, &remote, 1, local.total)
+				       : write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total);
 			if (err == EPERM)
 				path = peer_refused(ctx, r.owner_pid);
 			else if (err)
@@ -645,10 +649,15 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 		if (path == Path::none)
 			return unreachable();
 		if (path == Path::device) {
-			copy.op = kCopyRead;
+			copy.op = read ? kCopyRead : kCopyWrite;
 			if (int err = device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
 				return copy_failed(err);
 		}
+		return std::nullopt;
+	};
+	if (is_read) {
+		if (std::optional<Result> ended = move_bytes(true))
+			return *ended;
 		return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};
 	}
 	// RDMA WRITE WITH IMM also consumes a receive: make sure one is there
@@ -658,20 +667,8 @@ Result remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, R
 			return {Attempt::rnr, IBV_WC_SUCCESS, 0, r.qp->min_rnr_timer};
 		return {};
 	}
-	if (path == Path::direct) {
-		int err = write_remote(peer, local.iov.data(), local.count, &remote, 1, local.total);
-		if (err == EPERM)
-			path = peer_refused(ctx, r.owner_pid);
-		else if (err)
-			return err == ESRCH ? unreachable() : responder_access_error(ctx, r);
-	}
-	if (path == Path::none)
-		return unreachable();
-	if (path == Path::device) {
-		copy.op = kCopyWrite;
-		if (int err = device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
-			return copy_failed(err);
-	}
+	if (std::optional<Result> ended = move_bytes(false))
+		return *ended;
 	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
 		return deliver(ctx, qp, wqe, r, local, false, reliable(qp->type));
 	return {Attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(local.total), 0};

@@ -522,8 +522,11 @@ ssize_t rc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg, 
 	return st == UCS_OK ? static_cast<ssize_t>(len) : static_cast<ssize_t>(st);
 }
 
-ucs_status_t rc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
-			     uct_rkey_t rkey, uct_completion_t *comp)
+namespace {
+
+// Zero-copy RDMA from or into the caller's registered iov.
+ucs_status_t rdma_zcopy(uct_ep_h tl_ep, OpKind kind, ibv_wr_opcode opcode, const uct_iov_t *iov, size_t iovcnt,
+			uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -538,8 +541,31 @@ ucs_status_t rc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt
 	st = tx_check(ep, false);
 	if (st != UCS_OK)
 		return st;
-	st = rdma(ep, OpKind::put, IBV_WR_RDMA_WRITE, sge, n, remote_addr, rkey, comp, -1);
+	st = rdma(ep, kind, opcode, sge, n, remote_addr, rkey, comp, -1);
 	return st == UCS_OK ? UCS_INPROGRESS : st;
+}
+
+// An RDMA READ of `length` bytes into a bounce buffer; *op finishes the copy out.
+ucs_status_t read_to_bounce(Ep *ep, OpKind kind, size_t length, uint64_t remote_addr, uct_rkey_t rkey,
+			    uct_completion_t *comp, TxOp **op)
+{
+	Iface *i = ep->iface;
+	ucs_status_t st = tx_check(ep, false);
+	if (st != UCS_OK)
+		return st;
+	int buf = buf_get(i);
+	if (buf < 0)
+		return UCS_ERR_NO_RESOURCE;
+	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), static_cast<uint32_t>(length), i->tx_mr->lkey};
+	return rdma(ep, kind, IBV_WR_RDMA_READ, &sge, 1, remote_addr, rkey, comp, buf, op);
+}
+
+}  // namespace
+
+ucs_status_t rc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
+			     uct_rkey_t rkey, uct_completion_t *comp)
+{
+	return rdma_zcopy(tl_ep, OpKind::put, IBV_WR_RDMA_WRITE, iov, iovcnt, remote_addr, rkey, comp);
 }
 
 ucs_status_t rc_ep_get_short(uct_ep_h tl_ep, void *buffer, unsigned length, uint64_t remote_addr, uct_rkey_t rkey)
@@ -548,15 +574,8 @@ ucs_status_t rc_ep_get_short(uct_ep_h tl_ep, void *buffer, unsigned length, uint
 	Iface *i = ep->iface;
 	if (length > std::min(i->cfg.max_short, i->cfg.seg_size) || (length && !buffer))
 		return UCS_ERR_INVALID_PARAM;
-	ucs_status_t st = tx_check(ep, false);
-	if (st != UCS_OK)
-		return st;
-	int buf = buf_get(i);
-	if (buf < 0)
-		return UCS_ERR_NO_RESOURCE;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), length, i->tx_mr->lkey};
 	TxOp *op = nullptr;
-	st = rdma(ep, OpKind::get_short, IBV_WR_RDMA_READ, &sge, 1, remote_addr, rkey, nullptr, buf, &op);
+	ucs_status_t st = read_to_bounce(ep, OpKind::get_short, length, remote_addr, rkey, nullptr, &op);
 	if (st != UCS_OK)
 		return st;
 	op->dst = buffer;
@@ -571,15 +590,8 @@ ucs_status_t rc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, vo
 	Iface *i = ep->iface;
 	if (length > i->cfg.seg_size || !unpack_cb)
 		return UCS_ERR_INVALID_PARAM;
-	ucs_status_t st = tx_check(ep, false);
-	if (st != UCS_OK)
-		return st;
-	int buf = buf_get(i);
-	if (buf < 0)
-		return UCS_ERR_NO_RESOURCE;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), static_cast<uint32_t>(length), i->tx_mr->lkey};
 	TxOp *op = nullptr;
-	st = rdma(ep, OpKind::get_bcopy, IBV_WR_RDMA_READ, &sge, 1, remote_addr, rkey, comp, buf, &op);
+	ucs_status_t st = read_to_bounce(ep, OpKind::get_bcopy, length, remote_addr, rkey, comp, &op);
 	if (st != UCS_OK)
 		return st;
 	op->unpack = unpack_cb;
@@ -591,21 +603,7 @@ ucs_status_t rc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, vo
 ucs_status_t rc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
 			     uct_rkey_t rkey, uct_completion_t *comp)
 {
-	Ep *ep = ep_of(tl_ep);
-	Iface *i = ep->iface;
-	ibv_sge sge[8];
-	unsigned n;
-	size_t total;
-	ucs_status_t st = iov_to_sge(iov, iovcnt, sge, i->max_sge, &n, &total);
-	if (st != UCS_OK)
-		return st;
-	if (total > i->max_msg)
-		return UCS_ERR_INVALID_PARAM;
-	st = tx_check(ep, false);
-	if (st != UCS_OK)
-		return st;
-	st = rdma(ep, OpKind::get_zcopy, IBV_WR_RDMA_READ, sge, n, remote_addr, rkey, comp, -1);
-	return st == UCS_OK ? UCS_INPROGRESS : st;
+	return rdma_zcopy(tl_ep, OpKind::get_zcopy, IBV_WR_RDMA_READ, iov, iovcnt, remote_addr, rkey, comp);
 }
 
 // --- Active messages --------------------------------------------------------------------------
