@@ -61,6 +61,18 @@ int ProcessCaller::write_memory(uint64_t addr, std::span<const std::byte> bytes)
 	return 0;
 }
 
+int ProcessCaller::read_memory(uint64_t addr, std::span<std::byte> bytes)
+{
+	if (bytes.empty())
+		return 0;
+	iovec local{bytes.data(), bytes.size()};
+	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
+	ssize_t n = process_vm_readv(tgid_, &local, 1, &remote, 1, 0);
+	if (n != static_cast<ssize_t>(bytes.size()))
+		return EFAULT;
+	return 0;
+}
+
 int ProcessCaller::take_fd(int fd)
 {
 	if (pidfd_ < 0)

@@ -17,6 +17,8 @@ public:
 	virtual ~Caller() = default;
 	// Copies `bytes` to `addr` in the caller. Returns 0 or an errno (EFAULT).
 	virtual int write_memory(uint64_t addr, std::span<const std::byte> bytes) = 0;
+	// Fills `bytes` from `addr` in the caller. Returns 0 or an errno (EFAULT).
+	virtual int read_memory(uint64_t addr, std::span<std::byte> bytes) = 0;
 	// Duplicates the caller's fd `fd` into the daemon. Returns the new fd
 	// (owned by the daemon) or -errno (EBADF when the caller has no such fd).
 	virtual int take_fd(int fd) = 0;
@@ -37,6 +39,7 @@ public:
 
 	bool valid() const { return pidfd_ >= 0; }
 	int write_memory(uint64_t addr, std::span<const std::byte> bytes) override;
+	int read_memory(uint64_t addr, std::span<std::byte> bytes) override;
 	int take_fd(int fd) override;
 	int check_mapped(uint64_t addr, uint64_t length, bool writable) override;
 	pid_t pid() const override { return tgid_; }

@@ -146,11 +146,7 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 int caller_iovs(Caller &caller, const xsrc_copy &cmd, std::vector<iovec> &iov)
 {
 	iov.resize(cmd.num_local);
-	if (cmd.num_local == 0)
-		return 0;
-	iovec local{iov.data(), iov.size() * sizeof(iovec)};
-	iovec remote{reinterpret_cast<void *>(cmd.local_iov), local.iov_len};
-	if (process_vm_readv(caller.pid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(local.iov_len))
+	if (caller.read_memory(cmd.local_iov, std::as_writable_bytes(std::span(iov))))
 		return EFAULT;
 	uint64_t total = 0;
 	for (const iovec &v : iov) {
@@ -159,6 +155,27 @@ int caller_iovs(Caller &caller, const xsrc_copy &cmd, std::vector<iovec> &iov)
 		total += v.iov_len;
 	}
 	return total == cmd.length ? 0 : EINVAL;
+}
+
+// Moves bytes between `bounce` and the caller's buffers `pieces`, in order.
+int caller_pieces(Caller &caller, std::span<const iovec> pieces, std::byte *bounce, bool to_caller)
+{
+	for (const iovec &v : pieces) {
+		std::span<std::byte> part(bounce, v.iov_len);
+		uint64_t addr = reinterpret_cast<uintptr_t>(v.iov_base);
+		if (int err = to_caller ? caller.write_memory(addr, part) : caller.read_memory(addr, part))
+			return err;
+		bounce += v.iov_len;
+	}
+	return 0;
+}
+
+// The peer's memory, through its context's caller.
+int peer_memory(Context &owner, uint64_t va, std::span<std::byte> bytes, bool to_peer)
+{
+	if (!owner.caller)
+		return ESRCH;
+	return to_peer ? owner.caller->write_memory(va, bytes) : owner.caller->read_memory(va, bytes);
 }
 
 bool owner_alive(Context &owner)
@@ -194,23 +211,19 @@ void move_bytes(Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &
 		xsrc_copy_resp &resp)
 {
 	std::vector<std::byte> bounce(std::min<uint64_t>(cmd.length, kBounceBytes));
-	pid_t peer = t.owner->owner;
 	bool write = cmd.op == XSRC_COPY_WRITE;
 	for (uint64_t done = 0; done < cmd.length;) {
 		uint64_t len = std::min<uint64_t>(cmd.length - done, bounce.size());
 		std::array<iovec, XSRC_COPY_MAX_IOV> mine;
-		size_t n = slice(iov, done, len, mine);
-		iovec buf{bounce.data(), len};
-		iovec theirs{reinterpret_cast<void *>(t.va + done), len};
-		ssize_t got = write ? process_vm_readv(caller.pid(), &buf, 1, mine.data(), n, 0)
-				    : process_vm_readv(peer, &buf, 1, &theirs, 1, 0);
-		if (got != static_cast<ssize_t>(len)) {
+		std::span<const iovec> pieces(mine.data(), slice(iov, done, len, mine));
+		std::span<std::byte> buf(bounce.data(), len);
+		if (write ? caller_pieces(caller, pieces, buf.data(), false)
+			  : peer_memory(*t.owner, t.va + done, buf, false)) {
 			resp.status = write ? EFAULT : peer_status(*t.owner);
 			return;
 		}
-		ssize_t put = write ? process_vm_writev(peer, &buf, 1, &theirs, 1, 0)
-				    : process_vm_writev(caller.pid(), &buf, 1, mine.data(), n, 0);
-		if (put != static_cast<ssize_t>(len)) {
+		if (write ? peer_memory(*t.owner, t.va + done, buf, true)
+			  : caller_pieces(caller, pieces, buf.data(), true)) {
 			resp.status = write ? peer_status(*t.owner) : EFAULT;
 			return;
 		}
@@ -267,15 +280,12 @@ private:
 int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov,
 	      const Target &t, xsrc_copy_resp &resp)
 {
-	pid_t peer = t.owner->owner;
 	uint64_t original;
-	iovec orig{&original, 8};
-	iovec theirs{reinterpret_cast<void *>(t.va), 8};
 	{
-		ArenaAtomicLock lock(*ctx.device->arena, peer, t.va);
+		ArenaAtomicLock lock(*ctx.device->arena, t.owner->owner, t.va);
 		if (!lock.held())
 			return EAGAIN;
-		if (process_vm_readv(peer, &orig, 1, &theirs, 1, 0) != 8) {
+		if (peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&original, 1)), false)) {
 			resp.status = peer_status(*t.owner);
 			return 0;
 		}
@@ -284,13 +294,13 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 			value = original + cmd.compare_add;
 		else if (original == cmd.compare_add)
 			value = cmd.swap;
-		iovec val{&value, 8};
-		if (value != original && process_vm_writev(peer, &val, 1, &theirs, 1, 0) != 8) {
+		if (value != original &&
+		    peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&value, 1)), true)) {
 			resp.status = peer_status(*t.owner);
 			return 0;
 		}
 	}
-	if (process_vm_writev(caller.pid(), &orig, 1, iov.data(), iov.size(), 0) != 8) {
+	if (caller_pieces(caller, iov, reinterpret_cast<std::byte *>(&original), true)) {
 		resp.status = EFAULT;  // the remote side is done: as a lost response
 		return 0;
 	}

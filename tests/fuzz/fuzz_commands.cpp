@@ -115,6 +115,22 @@ public:
 		return EFAULT;
 	}
 
+	int read_memory(uint64_t addr, std::span<std::byte> bytes) override
+	{
+		uint64_t len = bytes.size();
+		if (len == 0)
+			return 0;
+		if (inside(addr, len, kResponseBase, kResponseSize)) {
+			std::memcpy(bytes.data(), response_.data() + (addr - kResponseBase), len);
+			return 0;
+		}
+		if (inside(addr, len, kDataBase, kDataSize)) {
+			std::memcpy(bytes.data(), data_.data() + (addr - kDataBase), len);
+			return 0;
+		}
+		return EFAULT;
+	}
+
 	int take_fd(int fd) override
 	{
 		pending_rd_after_this_call();

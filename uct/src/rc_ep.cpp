@@ -99,18 +99,7 @@ uint64_t atomic_apply(const TxOp &op, uint64_t old64, bool *changes)
 
 ucs_status_t post_cswap(Ep *ep, TxOp *op, uint64_t compare, uint64_t swap)
 {
-	Iface *i = ep->iface;
-	unsigned slot = static_cast<unsigned>(op - i->ops.data());
-	ibv_sge sge{reinterpret_cast<uintptr_t>(&i->atomic_words[slot]), 8, i->atomic_mr->lkey};
-	ibv_send_wr wr{};
-	wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.wr.atomic.remote_addr = op->remote_word;
-	wr.wr.atomic.rkey = op->rkey;
-	wr.wr.atomic.compare_add = compare;
-	wr.wr.atomic.swap = swap;
-	return rc_ep_post(ep, op, &wr);
+	return rc_ep_post_word(ep, op, IBV_WR_ATOMIC_CMP_AND_SWP, op->remote_word, op->rkey, compare, swap);
 }
 
 // Starts an atomic: 64-bit ADD and CSWAP are the device's; the rest (AND, OR, XOR, SWAP, and
@@ -151,16 +140,7 @@ ucs_status_t atomic_start(uct_ep_h tl_ep, uct_atomic_op_t aop, unsigned bits, ui
 	} else if (aop == UCT_ATOMIC_OP_CSWAP) {
 		st = post_cswap(ep, op, compare, operand);
 	} else {
-		unsigned slot = static_cast<unsigned>(op - i->ops.data());
-		ibv_sge sge{reinterpret_cast<uintptr_t>(&i->atomic_words[slot]), 8, i->atomic_mr->lkey};
-		ibv_send_wr wr{};
-		wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-		wr.sg_list = &sge;
-		wr.num_sge = 1;
-		wr.wr.atomic.remote_addr = op->remote_word;
-		wr.wr.atomic.rkey = op->rkey;
-		wr.wr.atomic.compare_add = operand;
-		st = rc_ep_post(ep, op, &wr);
+		st = rc_ep_post_word(ep, op, IBV_WR_ATOMIC_FETCH_AND_ADD, op->remote_word, op->rkey, operand, 0);
 	}
 	if (st != UCS_OK) {
 		op_put(i, op);
@@ -193,6 +173,27 @@ ucs_status_t rdma(Ep *ep, OpKind kind, ibv_wr_opcode opcode, ibv_sge *sge, unsig
 }  // namespace
 
 size_t rc_ep_addr_len() { return sizeof(EpAddr); }
+
+ucs_status_t rc_ep_post_word(Ep *ep, TxOp *op, ibv_wr_opcode opcode, uint64_t remote_addr, uint32_t rkey,
+			     uint64_t compare_add, uint64_t swap)
+{
+	Iface *i = ep->iface;
+	ibv_sge sge{reinterpret_cast<uintptr_t>(&op_word(i, op)), sizeof(uint64_t), i->atomic_mr->lkey};
+	ibv_send_wr wr{};
+	wr.opcode = opcode;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	if (opcode == IBV_WR_RDMA_WRITE) {
+		wr.wr.rdma.remote_addr = remote_addr;
+		wr.wr.rdma.rkey = rkey;
+	} else {
+		wr.wr.atomic.remote_addr = remote_addr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = compare_add;
+		wr.wr.atomic.swap = swap;
+	}
+	return rc_ep_post(ep, op, &wr);
+}
 
 ucs_status_t rc_ep_post(Ep *ep, TxOp *op, ibv_send_wr *wr)
 {
@@ -418,8 +419,7 @@ void rc_ep_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 		st = ibv_wc_to_status(wc.status);
 	if (op->ini && ep->state == EpState::failed)
 		st = ep->cancelled ? UCS_ERR_CANCELED : ep->fail_status;  // failed alone: the shared QP went on
-	unsigned slot = static_cast<unsigned>(op - i->ops.data());
-	uint64_t word = i->atomic_words[slot];
+	uint64_t word = op_word(i, op);
 	switch (op->kind) {
 	case OpKind::get_bcopy:
 		if (st == UCS_OK)
@@ -863,16 +863,8 @@ ucs_status_t rc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 	TxOp *op = op_get(i, OpKind::check, ep);
 	if (!op)
 		return UCS_ERR_NO_RESOURCE;
-	unsigned slot = static_cast<unsigned>(op - i->ops.data());
-	i->atomic_words[slot] = ep->granted;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(&i->atomic_words[slot]), 8, i->atomic_mr->lkey};
-	ibv_send_wr wr{};
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.wr.rdma.remote_addr = ep->remote_credit_addr;
-	wr.wr.rdma.rkey = ep->remote_credit_rkey;
-	ucs_status_t st = rc_ep_post(ep, op, &wr);
+	op_word(i, op) = ep->granted;
+	ucs_status_t st = rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
 	if (st != UCS_OK) {
 		op_put(i, op);
 		return st;

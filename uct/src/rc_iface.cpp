@@ -298,19 +298,13 @@ ucs_status_t fc_ctrl(Iface *i, Ep *ep)
 	TxOp *op = op_get(i, OpKind::grant, ep);
 	if (!op)
 		return UCS_ERR_NO_RESOURCE;
-	unsigned slot = static_cast<unsigned>(op - i->ops.data());
-	i->atomic_words[slot] = ep->reposted;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(&i->atomic_words[slot]), sizeof(uint64_t), i->atomic_mr->lkey};
-	ibv_send_wr wr{};
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.wr.rdma.remote_addr = ep->remote_credit_addr;
-	wr.wr.rdma.rkey = ep->remote_credit_rkey;
 	uint64_t value = ep->reposted;
-	ucs_status_t st = rc_ep_post(ep, op, &wr);
-	if (st != UCS_OK)
+	op_word(i, op) = value;
+	ucs_status_t st = rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
+	if (st != UCS_OK) {
+		op_put(i, op);  // the grant stays wanted; the op goes back to the pool
 		return st;
+	}
 	ep->granted = value;
 	ep->grant_wanted = false;
 	return UCS_OK;

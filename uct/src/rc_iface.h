@@ -291,6 +291,12 @@ void rc_ep_rx(Iface *, Ep *, RxDesc *, size_t byte_len);
 ucs_status_t rc_ep_repost(Iface *, Ep *, RxDesc *);  // ep: whose grant it counts for (may be null on XRC)
 // Post a send/RDMA work request for `op` on the ep (sq/seq accounting included).
 ucs_status_t rc_ep_post(Ep *, TxOp *, ibv_send_wr *);
+// The 8-byte word of atomic_words that belongs to op: an atomic's result, a grant's value.
+inline uint64_t &op_word(Iface *i, TxOp *op) { return i->atomic_words[static_cast<size_t>(op - i->ops.data())]; }
+// Posts a work request whose local side is op_word(op): an 8-byte RDMA WRITE, or an
+// atomic (compare_add, swap). op stays the caller's on failure.
+ucs_status_t rc_ep_post_word(Ep *, TxOp *, ibv_wr_opcode, uint64_t remote_addr, uint32_t rkey,
+			     uint64_t compare_add = 0, uint64_t swap = 0);
 ucs_status_t ep_send_msg(Ep *, MsgKind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed);
 size_t rc_ep_addr_len();
 // rc_iface_conn.cpp: ep_create to an iface address (UCT_IFACE_FLAG_CONNECT_TO_IFACE).
