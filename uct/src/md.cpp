@@ -60,7 +60,7 @@ constexpr int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV
 
 }  // namespace
 
-ucs_status_t md_errno_status(int e) { return errno_status(e); }
+ucs_status_t uct_xsrc_md_errno_status(int e) { return errno_status(e); }
 
 }  // namespace xsrc::uct
 

@@ -10,8 +10,6 @@
 
 namespace xsrc::uct {
 
-ucs_status_t md_errno_status(int e);
-
 namespace {
 
 // XRC eps have no QP of their own: their address names their iface (its XRC key: the GID,
@@ -99,7 +97,7 @@ uint64_t atomic_apply(const TxOp &op, uint64_t old64, bool *changes)
 
 ucs_status_t post_cswap(Ep *ep, TxOp *op, uint64_t compare, uint64_t swap)
 {
-	return rc_ep_post_word(ep, op, IBV_WR_ATOMIC_CMP_AND_SWP, op->remote_word, op->rkey, compare, swap);
+	return uct_xsrc_rc_ep_post_word(ep, op, IBV_WR_ATOMIC_CMP_AND_SWP, op->remote_word, op->rkey, compare, swap);
 }
 
 // Starts an atomic: 64-bit ADD and CSWAP are the device's; the rest (AND, OR, XOR, SWAP, and
@@ -120,7 +118,7 @@ ucs_status_t atomic_start(uct_ep_h tl_ep, uct_atomic_op_t aop, unsigned bits, ui
 	if (st != UCS_OK)
 		return st;
 	bool native = bits == 64 && (aop == UCT_ATOMIC_OP_ADD || aop == UCT_ATOMIC_OP_CSWAP);
-	TxOp *op = op_get(i, native ? (aop == UCT_ATOMIC_OP_ADD ? OpKind::atomic_fadd : OpKind::atomic_cswap)
+	TxOp *op = uct_xsrc_rc_iface_op_get(i, native ? (aop == UCT_ATOMIC_OP_ADD ? OpKind::atomic_fadd : OpKind::atomic_cswap)
 				    : OpKind::atomic_emul,
 			  ep);
 	op->aop = aop;
@@ -140,10 +138,10 @@ ucs_status_t atomic_start(uct_ep_h tl_ep, uct_atomic_op_t aop, unsigned bits, ui
 	} else if (aop == UCT_ATOMIC_OP_CSWAP) {
 		st = post_cswap(ep, op, compare, operand);
 	} else {
-		st = rc_ep_post_word(ep, op, IBV_WR_ATOMIC_FETCH_AND_ADD, op->remote_word, op->rkey, operand, 0);
+		st = uct_xsrc_rc_ep_post_word(ep, op, IBV_WR_ATOMIC_FETCH_AND_ADD, op->remote_word, op->rkey, operand, 0);
 	}
 	if (st != UCS_OK) {
-		op_put(i, op);
+		uct_xsrc_rc_iface_op_put(i, op);
 		return st;
 	}
 	return result ? UCS_INPROGRESS : UCS_OK;
@@ -153,7 +151,7 @@ ucs_status_t rdma(Ep *ep, OpKind kind, ibv_wr_opcode opcode, ibv_sge *sge, unsig
 		  uct_rkey_t rkey, uct_completion_t *comp, int buf, TxOp **op_out = nullptr)
 {
 	Iface *i = ep->iface;
-	TxOp *op = op_get(i, kind, ep);
+	TxOp *op = uct_xsrc_rc_iface_op_get(i, kind, ep);
 	op->comp = comp;
 	op->buf = buf;
 	ibv_send_wr wr{};
@@ -164,21 +162,21 @@ ucs_status_t rdma(Ep *ep, OpKind kind, ibv_wr_opcode opcode, ibv_sge *sge, unsig
 	wr.wr.rdma.rkey = static_cast<uint32_t>(rkey);
 	if (op_out)
 		*op_out = op;
-	ucs_status_t st = rc_ep_post(ep, op, &wr);
+	ucs_status_t st = uct_xsrc_rc_ep_post(ep, op, &wr);
 	if (st != UCS_OK)
-		op_put(i, op);
+		uct_xsrc_rc_iface_op_put(i, op);
 	return st;
 }
 
 }  // namespace
 
-size_t rc_ep_addr_len() { return sizeof(EpAddr); }
+size_t uct_xsrc_rc_ep_addr_len() { return sizeof(EpAddr); }
 
-ucs_status_t rc_ep_post_word(Ep *ep, TxOp *op, ibv_wr_opcode opcode, uint64_t remote_addr, uint32_t rkey,
+ucs_status_t uct_xsrc_rc_ep_post_word(Ep *ep, TxOp *op, ibv_wr_opcode opcode, uint64_t remote_addr, uint32_t rkey,
 			     uint64_t compare_add, uint64_t swap)
 {
 	Iface *i = ep->iface;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(&op_word(i, op)), sizeof(uint64_t), i->atomic_mr->lkey};
+	ibv_sge sge{reinterpret_cast<uintptr_t>(&uct_xsrc_rc_iface_op_word(i, op)), sizeof(uint64_t), i->atomic_mr->lkey};
 	ibv_send_wr wr{};
 	wr.opcode = opcode;
 	wr.sg_list = &sge;
@@ -192,15 +190,15 @@ ucs_status_t rc_ep_post_word(Ep *ep, TxOp *op, ibv_wr_opcode opcode, uint64_t re
 		wr.wr.atomic.compare_add = compare_add;
 		wr.wr.atomic.swap = swap;
 	}
-	return rc_ep_post(ep, op, &wr);
+	return uct_xsrc_rc_ep_post(ep, op, &wr);
 }
 
-ucs_status_t rc_ep_post(Ep *ep, TxOp *op, ibv_send_wr *wr)
+ucs_status_t uct_xsrc_rc_ep_post(Ep *ep, TxOp *op, ibv_send_wr *wr)
 {
 	Iface *i = ep->iface;
 	if (*ep->sq == 0)
 		return UCS_ERR_NO_RESOURCE;
-	wr->wr_id = op_wr_id(i, op);
+	wr->wr_id = uct_xsrc_rc_iface_op_wr_id(i, op);
 	wr->send_flags |= IBV_SEND_SIGNALED;
 	if (ep->fence_next && (wr->opcode == IBV_WR_RDMA_READ || wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
 			       wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || wr->opcode == IBV_WR_SEND ||
@@ -217,7 +215,7 @@ ucs_status_t rc_ep_post(Ep *ep, TxOp *op, ibv_send_wr *wr)
 		return UCS_ERR_NO_RESOURCE;
 	int rc = ibv_post_send(qp, wr, &bad);
 	if (rc != 0)
-		return rc == ENOMEM ? UCS_ERR_NO_RESOURCE : md_errno_status(rc);
+		return rc == ENOMEM ? UCS_ERR_NO_RESOURCE : uct_xsrc_md_errno_status(rc);
 	--*ep->sq;
 	op->ini = ep->ini;
 	if (op->seq == 0) {
@@ -227,21 +225,21 @@ ucs_status_t rc_ep_post(Ep *ep, TxOp *op, ibv_send_wr *wr)
 	return UCS_OK;
 }
 
-ucs_status_t ep_send_msg(Ep *ep, MsgKind kind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed)
+ucs_status_t uct_xsrc_rc_ep_send_msg(Ep *ep, MsgKind kind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed)
 {
 	Iface *i = ep->iface;
 	ucs_status_t st = tx_check(ep, true);
 	if (st != UCS_OK)
 		return st;
-	int buf = buf_get(i);
+	int buf = uct_xsrc_rc_iface_buf_get(i);
 	if (buf < 0)
 		return UCS_ERR_NO_RESOURCE;
-	char *at = buf_addr(i, buf);
+	char *at = uct_xsrc_rc_iface_buf_addr(i, buf);
 	WireHdr hdr{static_cast<uint8_t>(kind), am_id, 0, ep->id, 0};
 	memcpy(at, &hdr, sizeof(hdr));
 	size_t len = pack(at + sizeof(WireHdr), arg);
 	if (len > i->cfg.seg_size - sizeof(WireHdr)) {
-		buf_put(i, buf);
+		uct_xsrc_rc_iface_buf_put(i, buf);
 		return UCS_ERR_EXCEEDS_LIMIT;
 	}
 	if (i->base.am_tracer && kind == MsgKind::user_am)
@@ -256,7 +254,7 @@ ucs_status_t ep_send_msg(Ep *ep, MsgKind kind, uint8_t am_id, uct_pack_callback_
 }
 
 // --- Connection ---------------------------------------------------------------------------------
-ucs_status_t rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
+ucs_status_t uct_xsrc_rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 {
 	if (!params || !ep_p)
 		return UCS_ERR_INVALID_PARAM;
@@ -270,7 +268,7 @@ ucs_status_t rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 		if (!(fm & UCT_EP_PARAM_FIELD_IFACE_ADDR) || !(fm & UCT_EP_PARAM_FIELD_DEV_ADDR) || !params->iface_addr ||
 		    !params->dev_addr)
 			return UCS_ERR_INVALID_PARAM;
-		return rc_conn_ep_create(i, params->dev_addr, params->iface_addr, ep_p);
+		return uct_xsrc_rc_iface_conn_ep_create(i, params->dev_addr, params->iface_addr, ep_p);
 	}
 	if (i->eps.size() >= i->cfg.max_eps)
 		return UCS_ERR_EXCEEDS_LIMIT;
@@ -293,7 +291,7 @@ ucs_status_t rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 		qa.cap.max_recv_sge = 1;
 		st = i->vops->create_qp(i, &qa, &ep->qp);
 		if (st == UCS_OK)
-			st = verbs_qp_init(i, ep->qp);
+			st = uct_xsrc_verbs_qp_init(i, ep->qp);
 	}
 	if (st != UCS_OK) {
 		if (ep->qp)
@@ -308,14 +306,14 @@ ucs_status_t rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p)
 		i->by_qpn[ep->qp->qp_num] = ep;  // where its receives complete
 	st = i->rops->init_rx(i, ep);
 	if (st != UCS_OK) {
-		rc_ep_destroy(to_uct(ep));
+		uct_xsrc_rc_ep_destroy(to_uct(ep));
 		return st;
 	}
 	*ep_p = to_uct(ep);
 	return UCS_OK;
 }
 
-void rc_ep_destroy(uct_ep_h tl_ep)
+void uct_xsrc_rc_ep_destroy(uct_ep_h tl_ep)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -340,17 +338,17 @@ void rc_ep_destroy(uct_ep_h tl_ep)
 			op.ep = nullptr;
 			op.comp = nullptr;
 		} else {
-			op_put(i, &op);
+			uct_xsrc_rc_iface_op_put(i, &op);
 		}
 	}
-	xrc_ep_detach(ep);
+	uct_xsrc_rc_xrc_ep_detach(ep);
 	if (ep->qp)
 		ibv_destroy_qp(ep->qp);
 	i->rops->cleanup_rx(i, ep);
 	delete ep;
 }
 
-ucs_status_t rc_ep_get_address(uct_ep_h tl_ep, uct_ep_addr_t *addr)
+ucs_status_t uct_xsrc_rc_ep_get_address(uct_ep_h tl_ep, uct_ep_addr_t *addr)
 {
 	Ep *ep = ep_of(tl_ep);
 	if (!addr || !ep->rx)
@@ -358,7 +356,7 @@ ucs_status_t rc_ep_get_address(uct_ep_h tl_ep, uct_ep_addr_t *addr)
 	Iface *i = ep->iface;
 	EpAddr a{0, ep->rx->mr->rkey, reinterpret_cast<uintptr_t>(ep->rx->mem), i->cfg.rx_queue_len, ep->id, 0, 0};
 	if (i->cfg.xrc) {
-		XrcKey self = rc_conn_self_key(i);
+		XrcKey self = uct_xsrc_rc_iface_conn_self_key(i);
 		a.qpn = self.pid;
 		a.seq = self.seq;
 		uint32_t srqn = 0;
@@ -372,7 +370,7 @@ ucs_status_t rc_ep_get_address(uct_ep_h tl_ep, uct_ep_addr_t *addr)
 	return UCS_OK;
 }
 
-ucs_status_t rc_ep_connect_to_ep(uct_ep_h tl_ep, const uct_device_addr_t *dev_addr, const uct_ep_addr_t *ep_addr)
+ucs_status_t uct_xsrc_rc_ep_connect_to_ep(uct_ep_h tl_ep, const uct_device_addr_t *dev_addr, const uct_ep_addr_t *ep_addr)
 {
 	Ep *ep = ep_of(tl_ep);
 	if (!dev_addr || !ep_addr)
@@ -385,7 +383,7 @@ ucs_status_t rc_ep_connect_to_ep(uct_ep_h tl_ep, const uct_device_addr_t *dev_ad
 		return UCS_ERR_INVALID_PARAM;
 	ibv_gid gid;
 	uint16_t lid;
-	rc_unpack_dev_addr(dev_addr, &gid, &lid);
+	uct_xsrc_rc_iface_dev_addr_unpack(dev_addr, &gid, &lid);
 	Iface *i = ep->iface;
 	if ((a.srqn != 0) != i->cfg.xrc)
 		return UCS_ERR_UNREACHABLE;  // one side RC, the other XRC
@@ -400,9 +398,9 @@ ucs_status_t rc_ep_connect_to_ep(uct_ep_h tl_ep, const uct_device_addr_t *dev_ad
 		remote.seq = a.seq;
 		ep->remote_ep_id = a.ep_id;
 		ep->remote_srqn = a.srqn;
-		return xrc_ep_connect(ep, remote, gid, lid);
+		return uct_xsrc_rc_xrc_ep_connect(ep, remote, gid, lid);
 	}
-	ucs_status_t st = verbs_qp_connect(i, ep->qp, a.qpn, gid, lid);
+	ucs_status_t st = uct_xsrc_verbs_qp_connect(i, ep->qp, a.qpn, gid, lid);
 	if (st != UCS_OK)
 		return st;
 	ep->state = EpState::connected;
@@ -410,24 +408,24 @@ ucs_status_t rc_ep_connect_to_ep(uct_ep_h tl_ep, const uct_device_addr_t *dev_ad
 }
 
 // --- Completions ------------------------------------------------------------------------------
-void rc_ep_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
+void uct_xsrc_rc_ep_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 {
 	Ep *ep = op->ep;
 	++*ep->sq;
 	ucs_status_t st = wc.status == IBV_WC_SUCCESS ? UCS_OK : (ep->cancelled ? UCS_ERR_CANCELED : ep->fail_status);
 	if (st == UCS_OK && wc.status != IBV_WC_SUCCESS)
-		st = ibv_wc_to_status(wc.status);
+		st = uct_xsrc_verbs_wc_status(wc.status);
 	if (op->ini && ep->state == EpState::failed)
 		st = ep->cancelled ? UCS_ERR_CANCELED : ep->fail_status;  // failed alone: the shared QP went on
-	uint64_t word = op_word(i, op);
+	uint64_t word = uct_xsrc_rc_iface_op_word(i, op);
 	switch (op->kind) {
 	case OpKind::get_bcopy:
 		if (st == UCS_OK)
-			op->unpack(op->unpack_arg, buf_addr(i, op->buf), op->length);
+			op->unpack(op->unpack_arg, uct_xsrc_rc_iface_buf_addr(i, op->buf), op->length);
 		break;
 	case OpKind::get_short:
 		if (st == UCS_OK)
-			memcpy(op->dst, buf_addr(i, op->buf), op->length);
+			memcpy(op->dst, uct_xsrc_rc_iface_buf_addr(i, op->buf), op->length);
 		break;
 	case OpKind::atomic_fadd:
 	case OpKind::atomic_cswap:
@@ -468,7 +466,7 @@ void rc_ep_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 	auto it = std::find(ep->inflight.begin(), ep->inflight.end(), op->seq);
 	if (it != ep->inflight.end())
 		ep->inflight.erase(it);
-	op_put(i, op);
+	uct_xsrc_rc_iface_op_put(i, op);
 	// Callbacks last: a callback may destroy the ep.
 	std::vector<uct_completion_t *> flushed;
 	while (!ep->flush_waiters.empty() &&
@@ -477,13 +475,13 @@ void rc_ep_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 		ep->flush_waiters.pop_front();
 	}
 	ucs_status_t flush_st = ep->state == EpState::failed && !ep->cancelled ? ep->fail_status : UCS_OK;
-	complete_comp(comp, st);
+	uct_xsrc_rc_iface_comp_done(comp, st);
 	for (uct_completion_t *c : flushed)
-		complete_comp(c, flush_st);
+		uct_xsrc_rc_iface_comp_done(c, flush_st);
 }
 
 // --- RMA ------------------------------------------------------------------------------------------
-ucs_status_t rc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length, uint64_t remote_addr,
+ucs_status_t uct_xsrc_rc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length, uint64_t remote_addr,
 			     uct_rkey_t rkey)
 {
 	Ep *ep = ep_of(tl_ep);
@@ -493,31 +491,31 @@ ucs_status_t rc_ep_put_short(uct_ep_h tl_ep, const void *buffer, unsigned length
 	ucs_status_t st = tx_check(ep, false);
 	if (st != UCS_OK)
 		return st;
-	int buf = buf_get(i);
+	int buf = uct_xsrc_rc_iface_buf_get(i);
 	if (buf < 0)
 		return UCS_ERR_NO_RESOURCE;
-	memcpy(buf_addr(i, buf), buffer, length);
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), length, i->tx_mr->lkey};
+	memcpy(uct_xsrc_rc_iface_buf_addr(i, buf), buffer, length);
+	ibv_sge sge{reinterpret_cast<uintptr_t>(uct_xsrc_rc_iface_buf_addr(i, buf)), length, i->tx_mr->lkey};
 	st = rdma(ep, OpKind::put, IBV_WR_RDMA_WRITE, &sge, 1, remote_addr, rkey, nullptr, buf);
 	return st;
 }
 
-ssize_t rc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg, uint64_t remote_addr, uct_rkey_t rkey)
+ssize_t uct_xsrc_rc_ep_put_bcopy(uct_ep_h tl_ep, uct_pack_callback_t pack_cb, void *arg, uint64_t remote_addr, uct_rkey_t rkey)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
 	ucs_status_t st = tx_check(ep, false);
 	if (st != UCS_OK)
 		return st;
-	int buf = buf_get(i);
+	int buf = uct_xsrc_rc_iface_buf_get(i);
 	if (buf < 0)
 		return UCS_ERR_NO_RESOURCE;
-	size_t len = pack_cb(buf_addr(i, buf), arg);
+	size_t len = pack_cb(uct_xsrc_rc_iface_buf_addr(i, buf), arg);
 	if (len > i->cfg.seg_size) {
-		buf_put(i, buf);
+		uct_xsrc_rc_iface_buf_put(i, buf);
 		return UCS_ERR_EXCEEDS_LIMIT;
 	}
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), static_cast<uint32_t>(len), i->tx_mr->lkey};
+	ibv_sge sge{reinterpret_cast<uintptr_t>(uct_xsrc_rc_iface_buf_addr(i, buf)), static_cast<uint32_t>(len), i->tx_mr->lkey};
 	st = rdma(ep, OpKind::put, IBV_WR_RDMA_WRITE, &sge, 1, remote_addr, rkey, nullptr, buf);
 	return st == UCS_OK ? static_cast<ssize_t>(len) : static_cast<ssize_t>(st);
 }
@@ -553,22 +551,22 @@ ucs_status_t read_to_bounce(Ep *ep, OpKind kind, size_t length, uint64_t remote_
 	ucs_status_t st = tx_check(ep, false);
 	if (st != UCS_OK)
 		return st;
-	int buf = buf_get(i);
+	int buf = uct_xsrc_rc_iface_buf_get(i);
 	if (buf < 0)
 		return UCS_ERR_NO_RESOURCE;
-	ibv_sge sge{reinterpret_cast<uintptr_t>(buf_addr(i, buf)), static_cast<uint32_t>(length), i->tx_mr->lkey};
+	ibv_sge sge{reinterpret_cast<uintptr_t>(uct_xsrc_rc_iface_buf_addr(i, buf)), static_cast<uint32_t>(length), i->tx_mr->lkey};
 	return rdma(ep, kind, IBV_WR_RDMA_READ, &sge, 1, remote_addr, rkey, comp, buf, op);
 }
 
 }  // namespace
 
-ucs_status_t rc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
+ucs_status_t uct_xsrc_rc_ep_put_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
 			     uct_rkey_t rkey, uct_completion_t *comp)
 {
 	return rdma_zcopy(tl_ep, OpKind::put, IBV_WR_RDMA_WRITE, iov, iovcnt, remote_addr, rkey, comp);
 }
 
-ucs_status_t rc_ep_get_short(uct_ep_h tl_ep, void *buffer, unsigned length, uint64_t remote_addr, uct_rkey_t rkey)
+ucs_status_t uct_xsrc_rc_ep_get_short(uct_ep_h tl_ep, void *buffer, unsigned length, uint64_t remote_addr, uct_rkey_t rkey)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -583,7 +581,7 @@ ucs_status_t rc_ep_get_short(uct_ep_h tl_ep, void *buffer, unsigned length, uint
 	return UCS_INPROGRESS;  // the data is in `buffer` once the ep is flushed
 }
 
-ucs_status_t rc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, void *arg, size_t length,
+ucs_status_t uct_xsrc_rc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, void *arg, size_t length,
 			     uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
 {
 	Ep *ep = ep_of(tl_ep);
@@ -600,7 +598,7 @@ ucs_status_t rc_ep_get_bcopy(uct_ep_h tl_ep, uct_unpack_callback_t unpack_cb, vo
 	return UCS_INPROGRESS;
 }
 
-ucs_status_t rc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
+ucs_status_t uct_xsrc_rc_ep_get_zcopy(uct_ep_h tl_ep, const uct_iov_t *iov, size_t iovcnt, uint64_t remote_addr,
 			     uct_rkey_t rkey, uct_completion_t *comp)
 {
 	return rdma_zcopy(tl_ep, OpKind::get_zcopy, IBV_WR_RDMA_READ, iov, iovcnt, remote_addr, rkey, comp);
@@ -654,7 +652,7 @@ size_t iov_bytes(const uct_iov_t *iov, size_t iovcnt)
 
 }  // namespace
 
-ucs_status_t rc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, const void *payload, unsigned length)
+ucs_status_t uct_xsrc_rc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, const void *payload, unsigned length)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -663,10 +661,10 @@ ucs_status_t rc_ep_am_short(uct_ep_h tl_ep, uint8_t id, uint64_t header, const v
 		return UCS_ERR_INVALID_PARAM;
 	ShortArgs a{header, payload, length};
 	ssize_t packed;
-	return ep_send_msg(ep, MsgKind::user_am, id, pack_short, &a, &packed);
+	return uct_xsrc_rc_ep_send_msg(ep, MsgKind::user_am, id, pack_short, &a, &packed);
 }
 
-ucs_status_t rc_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id, const uct_iov_t *iov, size_t iovcnt)
+ucs_status_t uct_xsrc_rc_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id, const uct_iov_t *iov, size_t iovcnt)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -675,19 +673,19 @@ ucs_status_t rc_ep_am_short_iov(uct_ep_h tl_ep, uint8_t id, const uct_iov_t *iov
 		return UCS_ERR_INVALID_PARAM;
 	IovArgs a{iov, iovcnt};
 	ssize_t packed;
-	return ep_send_msg(ep, MsgKind::user_am, id, pack_iov, &a, &packed);
+	return uct_xsrc_rc_ep_send_msg(ep, MsgKind::user_am, id, pack_iov, &a, &packed);
 }
 
-ssize_t rc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_cb, void *arg, unsigned)
+ssize_t uct_xsrc_rc_ep_am_bcopy(uct_ep_h tl_ep, uint8_t id, uct_pack_callback_t pack_cb, void *arg, unsigned)
 {
 	if (id >= UCT_AM_ID_MAX || !pack_cb)
 		return UCS_ERR_INVALID_PARAM;
 	ssize_t packed = 0;
-	ucs_status_t st = ep_send_msg(ep_of(tl_ep), MsgKind::user_am, id, pack_cb, arg, &packed);
+	ucs_status_t st = uct_xsrc_rc_ep_send_msg(ep_of(tl_ep), MsgKind::user_am, id, pack_cb, arg, &packed);
 	return st == UCS_OK ? packed : static_cast<ssize_t>(st);
 }
 
-ucs_status_t rc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header, unsigned header_length,
+ucs_status_t uct_xsrc_rc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header, unsigned header_length,
 			    const uct_iov_t *iov, size_t iovcnt, unsigned, uct_completion_t *comp)
 {
 	Ep *ep = ep_of(tl_ep);
@@ -705,10 +703,10 @@ ucs_status_t rc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header, unsi
 	st = tx_check(ep, true);
 	if (st != UCS_OK)
 		return st;
-	int buf = buf_get(i);
+	int buf = uct_xsrc_rc_iface_buf_get(i);
 	if (buf < 0)
 		return UCS_ERR_NO_RESOURCE;
-	char *at = buf_addr(i, buf);
+	char *at = uct_xsrc_rc_iface_buf_addr(i, buf);
 	WireHdr hdr{static_cast<uint8_t>(MsgKind::user_am), id, 0, ep->id, 0};
 	memcpy(at, &hdr, sizeof(hdr));
 	if (header_length)
@@ -722,7 +720,7 @@ ucs_status_t rc_ep_am_zcopy(uct_ep_h tl_ep, uint8_t id, const void *header, unsi
 }
 
 // --- Atomics ------------------------------------------------------------------------------------
-ucs_status_t rc_ep_atomic_cswap64(uct_ep_h ep, uint64_t compare, uint64_t swap, uint64_t remote_addr, uct_rkey_t rkey,
+ucs_status_t uct_xsrc_rc_ep_atomic_cswap64(uct_ep_h ep, uint64_t compare, uint64_t swap, uint64_t remote_addr, uct_rkey_t rkey,
 				  uint64_t *result, uct_completion_t *comp)
 {
 	if (!result)
@@ -730,7 +728,7 @@ ucs_status_t rc_ep_atomic_cswap64(uct_ep_h ep, uint64_t compare, uint64_t swap, 
 	return atomic_start(ep, UCT_ATOMIC_OP_CSWAP, 64, swap, compare, remote_addr, rkey, result, comp);
 }
 
-ucs_status_t rc_ep_atomic_cswap32(uct_ep_h ep, uint32_t compare, uint32_t swap, uint64_t remote_addr, uct_rkey_t rkey,
+ucs_status_t uct_xsrc_rc_ep_atomic_cswap32(uct_ep_h ep, uint32_t compare, uint32_t swap, uint64_t remote_addr, uct_rkey_t rkey,
 				  uint32_t *result, uct_completion_t *comp)
 {
 	if (!result)
@@ -738,21 +736,21 @@ ucs_status_t rc_ep_atomic_cswap32(uct_ep_h ep, uint32_t compare, uint32_t swap, 
 	return atomic_start(ep, UCT_ATOMIC_OP_CSWAP, 32, swap, compare, remote_addr, rkey, result, comp);
 }
 
-ucs_status_t rc_ep_atomic32_post(uct_ep_h ep, unsigned opcode, uint32_t value, uint64_t remote_addr, uct_rkey_t rkey)
+ucs_status_t uct_xsrc_rc_ep_atomic32_post(uct_ep_h ep, unsigned opcode, uint32_t value, uint64_t remote_addr, uct_rkey_t rkey)
 {
 	if (opcode == UCT_ATOMIC_OP_SWAP || opcode == UCT_ATOMIC_OP_CSWAP)
 		return UCS_ERR_UNSUPPORTED;
 	return atomic_start(ep, static_cast<uct_atomic_op_t>(opcode), 32, value, 0, remote_addr, rkey, nullptr, nullptr);
 }
 
-ucs_status_t rc_ep_atomic64_post(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t remote_addr, uct_rkey_t rkey)
+ucs_status_t uct_xsrc_rc_ep_atomic64_post(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t remote_addr, uct_rkey_t rkey)
 {
 	if (opcode == UCT_ATOMIC_OP_SWAP || opcode == UCT_ATOMIC_OP_CSWAP)
 		return UCS_ERR_UNSUPPORTED;
 	return atomic_start(ep, static_cast<uct_atomic_op_t>(opcode), 64, value, 0, remote_addr, rkey, nullptr, nullptr);
 }
 
-ucs_status_t rc_ep_atomic32_fetch(uct_ep_h ep, unsigned opcode, uint32_t value, uint32_t *result,
+ucs_status_t uct_xsrc_rc_ep_atomic32_fetch(uct_ep_h ep, unsigned opcode, uint32_t value, uint32_t *result,
 				  uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
 {
 	if (!result || opcode == UCT_ATOMIC_OP_CSWAP)
@@ -760,7 +758,7 @@ ucs_status_t rc_ep_atomic32_fetch(uct_ep_h ep, unsigned opcode, uint32_t value, 
 	return atomic_start(ep, static_cast<uct_atomic_op_t>(opcode), 32, value, 0, remote_addr, rkey, result, comp);
 }
 
-ucs_status_t rc_ep_atomic64_fetch(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t *result,
+ucs_status_t uct_xsrc_rc_ep_atomic64_fetch(uct_ep_h ep, unsigned opcode, uint64_t value, uint64_t *result,
 				  uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp)
 {
 	if (!result || opcode == UCT_ATOMIC_OP_CSWAP)
@@ -780,7 +778,7 @@ bool has_resources(Ep *ep)
 
 }  // namespace
 
-ucs_status_t rc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned)
+ucs_status_t uct_xsrc_rc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned)
 {
 	Ep *ep = ep_of(tl_ep);
 	if (!req || !req->func)
@@ -791,7 +789,7 @@ ucs_status_t rc_ep_pending_add(uct_ep_h tl_ep, uct_pending_req_t *req, unsigned)
 	return UCS_OK;
 }
 
-void ep_dispatch_pending(Ep *ep)
+void uct_xsrc_rc_ep_pending_dispatch(Ep *ep)
 {
 	ep->dispatching = true;
 	while (!ep->pending.empty() && has_resources(ep)) {
@@ -806,7 +804,7 @@ void ep_dispatch_pending(Ep *ep)
 	ep->dispatching = false;
 }
 
-void rc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg)
+void uct_xsrc_rc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *arg)
 {
 	Ep *ep = ep_of(tl_ep);
 	while (!ep->pending.empty()) {
@@ -817,12 +815,12 @@ void rc_ep_pending_purge(uct_ep_h tl_ep, uct_pending_purge_callback_t cb, void *
 	}
 }
 
-ucs_status_t rc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+ucs_status_t uct_xsrc_rc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 {
 	Ep *ep = ep_of(tl_ep);
 	if (flags & UCT_FLUSH_FLAG_CANCEL) {
 		if (ep->state != EpState::failed)
-			ep_cancel(ep);
+			uct_xsrc_rc_ep_cancel(ep);
 		else
 			ep->cancelled = true;
 	} else if (!ep->pending.empty()) {
@@ -840,7 +838,7 @@ ucs_status_t rc_ep_flush(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 	return UCS_INPROGRESS;
 }
 
-ucs_status_t rc_ep_fence(uct_ep_h tl_ep, unsigned)
+ucs_status_t uct_xsrc_rc_ep_fence(uct_ep_h tl_ep, unsigned)
 {
 	Ep *ep = ep_of(tl_ep);
 	if (!ep->inflight.empty())
@@ -850,7 +848,7 @@ ucs_status_t rc_ep_fence(uct_ep_h tl_ep, unsigned)
 
 // A keepalive: rewrite the credit grant the peer already has (idempotent). If the peer is
 // gone the write exhausts its retries, the ep fails and the error handler runs.
-ucs_status_t rc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
+ucs_status_t uct_xsrc_rc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
@@ -860,13 +858,13 @@ ucs_status_t rc_ep_check(uct_ep_h tl_ep, unsigned flags, uct_completion_t *comp)
 		return UCS_OK;
 	if (*ep->sq == 0)
 		return UCS_ERR_NO_RESOURCE;
-	TxOp *op = op_get(i, OpKind::check, ep);
+	TxOp *op = uct_xsrc_rc_iface_op_get(i, OpKind::check, ep);
 	if (!op)
 		return UCS_ERR_NO_RESOURCE;
-	op_word(i, op) = ep->granted;
-	ucs_status_t st = rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
+	uct_xsrc_rc_iface_op_word(i, op) = ep->granted;
+	ucs_status_t st = uct_xsrc_rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
 	if (st != UCS_OK) {
-		op_put(i, op);
+		uct_xsrc_rc_iface_op_put(i, op);
 		return st;
 	}
 	ep->check_inflight = true;

@@ -19,8 +19,6 @@
 
 namespace xsrc::uct {
 
-ucs_status_t md_errno_status(int e);
-
 // --- The internal contract ------------------------------------------------------------------
 Iface *to_iface(uct_iface_h h) { return iface_of(h); }
 Ep *to_ep(uct_ep_h h) { return ep_of(h); }
@@ -62,12 +60,12 @@ ssize_t ep_send_internal(Ep *ep, MsgKind kind, uct_pack_callback_t pack, void *a
 	if (kind == MsgKind::user_am || static_cast<unsigned>(kind) >= msg_kind_count)
 		return UCS_ERR_INVALID_PARAM;
 	ssize_t packed = 0;
-	ucs_status_t st = ep_send_msg(ep, kind, 0, pack, arg, &packed);
+	ucs_status_t st = uct_xsrc_rc_ep_send_msg(ep, kind, 0, pack, arg, &packed);
 	return st == UCS_OK ? packed : static_cast<ssize_t>(st);
 }
 
 // --- Op slots and bounce buffers ----------------------------------------------------------------
-TxOp *op_get(Iface *i, OpKind kind, Ep *ep)
+TxOp *uct_xsrc_rc_iface_op_get(Iface *i, OpKind kind, Ep *ep)
 {
 	if (i->free_ops.empty())
 		return nullptr;
@@ -83,22 +81,22 @@ TxOp *op_get(Iface *i, OpKind kind, Ep *ep)
 	return &op;
 }
 
-void op_put(Iface *i, TxOp *op)
+void uct_xsrc_rc_iface_op_put(Iface *i, TxOp *op)
 {
 	if (op->buf >= 0)
-		buf_put(i, op->buf);
+		uct_xsrc_rc_iface_buf_put(i, op->buf);
 	op->buf = -1;
 	op->busy = false;
 	++op->gen;
 	i->free_ops.push_back(static_cast<unsigned>(op - i->ops.data()));
 }
 
-uint64_t op_wr_id(Iface *i, const TxOp *op)
+uint64_t uct_xsrc_rc_iface_op_wr_id(Iface *i, const TxOp *op)
 {
 	return (static_cast<uint64_t>(op->gen) << 32) | static_cast<uint64_t>(op - i->ops.data());
 }
 
-int buf_get(Iface *i)
+int uct_xsrc_rc_iface_buf_get(Iface *i)
 {
 	if (i->free_bufs.empty())
 		return -1;
@@ -107,10 +105,10 @@ int buf_get(Iface *i)
 	return b;
 }
 
-void buf_put(Iface *i, int b) { i->free_bufs.push_back(static_cast<unsigned>(b)); }
-char *buf_addr(Iface *i, int b) { return i->tx_mem + static_cast<size_t>(b) * i->cfg.seg_size; }
+void uct_xsrc_rc_iface_buf_put(Iface *i, int b) { i->free_bufs.push_back(static_cast<unsigned>(b)); }
+char *uct_xsrc_rc_iface_buf_addr(Iface *i, int b) { return i->tx_mem + static_cast<size_t>(b) * i->cfg.seg_size; }
 
-void complete_comp(uct_completion_t *comp, ucs_status_t status)
+void uct_xsrc_rc_iface_comp_done(uct_completion_t *comp, ucs_status_t status)
 {
 	if (!comp)
 		return;
@@ -148,7 +146,7 @@ void rx_release(uct_recv_desc_t *self, void *)
 		// XRC: back to the shared receive queue; the grant goes to the ep it came through.
 		Iface *i = pool->iface;
 		auto it = i->by_id.find(d->src_ep_id);
-		rc_ep_repost(i, it == i->by_id.end() ? nullptr : it->second, d);
+		uct_xsrc_rc_ep_repost(i, it == i->by_id.end() ? nullptr : it->second, d);
 		return;
 	}
 	if (pool->orphan) {
@@ -162,7 +160,7 @@ void rx_release(uct_recv_desc_t *self, void *)
 		return;
 	}
 	Ep *ep = pool->ep;
-	rc_ep_repost(ep->iface, ep, d);
+	uct_xsrc_rc_ep_repost(ep->iface, ep, d);
 }
 
 RxPool *pool_alloc(Iface *i, unsigned n, int access)
@@ -250,13 +248,13 @@ ucs_status_t init_rx(Iface *i, Ep *ep)
 		chunk->shared = true;
 		i->srq_chunks.push_back(chunk);
 		for (RxDesc &d : chunk->descs) {
-			ucs_status_t st = rc_ep_repost(i, nullptr, &d);
+			ucs_status_t st = uct_xsrc_rc_ep_repost(i, nullptr, &d);
 			if (st != UCS_OK)
 				return st;
 		}
 	}
 	for (unsigned k = 0; k < n; ++k) {
-		ucs_status_t st = rc_ep_repost(i, ep, &pool->descs[k]);
+		ucs_status_t st = uct_xsrc_rc_ep_repost(i, ep, &pool->descs[k]);
 		if (st != UCS_OK)
 			return st;
 	}
@@ -295,14 +293,14 @@ ucs_status_t fc_ctrl(Iface *i, Ep *ep)
 		return UCS_ERR_CANCELED;
 	if (*ep->sq == 0)
 		return UCS_ERR_NO_RESOURCE;
-	TxOp *op = op_get(i, OpKind::grant, ep);
+	TxOp *op = uct_xsrc_rc_iface_op_get(i, OpKind::grant, ep);
 	if (!op)
 		return UCS_ERR_NO_RESOURCE;
 	uint64_t value = ep->reposted;
-	op_word(i, op) = value;
-	ucs_status_t st = rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
+	uct_xsrc_rc_iface_op_word(i, op) = value;
+	ucs_status_t st = uct_xsrc_rc_ep_post_word(ep, op, IBV_WR_RDMA_WRITE, ep->remote_credit_addr, ep->remote_credit_rkey);
 	if (st != UCS_OK) {
-		op_put(i, op);  // the grant stays wanted; the op goes back to the pool
+		uct_xsrc_rc_iface_op_put(i, op);  // the grant stays wanted; the op goes back to the pool
 		return st;
 	}
 	ep->granted = value;
@@ -323,14 +321,14 @@ ucs_status_t am_stub(void *, void *, size_t, unsigned) { return UCS_OK; }
 
 }  // namespace
 
-const RcIfaceOps rc_iface_default_ops = {
+const RcIfaceOps uct_xsrc_rc_iface_default_ops = {
 	.init_rx = init_rx,
 	.cleanup_rx = cleanup_rx,
 	.fc_ctrl = fc_ctrl,
 	.fc_handler = fc_handler,
 };
 
-ucs_status_t rc_ep_repost(Iface *i, Ep *ep, RxDesc *d)
+ucs_status_t uct_xsrc_rc_ep_repost(Iface *i, Ep *ep, RxDesc *d)
 {
 	RxPool *pool = d->pool;
 	char *at = pool->mem + 64 + static_cast<size_t>(d->index) * rx_stride(i) + rx_slack(i);
@@ -342,7 +340,7 @@ ucs_status_t rc_ep_repost(Iface *i, Ep *ep, RxDesc *d)
 	wr.num_sge = 1;
 	int rc = pool->shared ? ibv_post_srq_recv(i->srq, &wr, &bad) : ibv_post_recv(ep->qp, &wr, &bad);
 	if (rc != 0)
-		return md_errno_status(rc);
+		return uct_xsrc_md_errno_status(rc);
 	if (!ep)
 		return UCS_OK;
 	++ep->reposted;
@@ -352,7 +350,7 @@ ucs_status_t rc_ep_repost(Iface *i, Ep *ep, RxDesc *d)
 	return UCS_OK;
 }
 
-char *rx_data(Iface *i, const RxDesc *d)
+char *uct_xsrc_rc_iface_rx_data(Iface *i, const RxDesc *d)
 {
 	return d->pool->mem + 64 + static_cast<size_t>(d->index) * rx_stride(i) + rx_slack(i);
 }
@@ -364,13 +362,13 @@ void iface_release_desc(Iface *i, void *data)
 	rd->cb(rd, desc);
 }
 
-void rc_ep_rx(Iface *i, Ep *ep, RxDesc *d, size_t byte_len)
+void uct_xsrc_rc_ep_rx(Iface *i, Ep *ep, RxDesc *d, size_t byte_len)
 {
 	RxPool *pool = d->pool;
 	d->src_ep_id = ep->id;
 	char *at = pool->mem + 64 + static_cast<size_t>(d->index) * rx_stride(i) + rx_slack(i);
 	if (byte_len < sizeof(WireHdr)) {
-		rc_ep_repost(i, ep, d);
+		uct_xsrc_rc_ep_repost(i, ep, d);
 		return;
 	}
 	WireHdr hdr;
@@ -396,7 +394,7 @@ void rc_ep_rx(Iface *i, Ep *ep, RxDesc *d, size_t byte_len)
 	if (st != UCS_INPROGRESS) {
 		d->held = false;
 		--pool->held;
-		rc_ep_repost(i, ep, d);
+		uct_xsrc_rc_ep_repost(i, ep, d);
 	}
 }
 
@@ -414,12 +412,12 @@ void handle_tx_wc(Iface *i, const ibv_wc &wc)
 	if (!op->busy || op->gen != gen)
 		return;  // its ep was destroyed
 	if (op->ini) {
-		xrc_tx_done(i, op, wc);  // a shared QP: failures are the QP's, and so every ep's on it
+		uct_xsrc_rc_xrc_tx_done(i, op, wc);  // a shared QP: failures are the QP's, and so every ep's on it
 		return;
 	}
 	if (wc.status != IBV_WC_SUCCESS) {
 		Ep *ep = op->ep;
-		ucs_status_t st = ibv_wc_to_status(wc.status);
+		ucs_status_t st = uct_xsrc_verbs_wc_status(wc.status);
 		if (ep->cancelled)
 			st = UCS_ERR_CANCELED;
 		else if (ep->state == EpState::failed)
@@ -428,7 +426,7 @@ void handle_tx_wc(Iface *i, const ibv_wc &wc)
 		if (ep->state != EpState::failed)
 			ep_fail(i, ep, st, true);
 	}
-	rc_ep_tx_done(i, op, wc);
+	uct_xsrc_rc_ep_tx_done(i, op, wc);
 }
 
 // XRC: every receive is a shared-queue descriptor; the TGT QP names the remote iface and the
@@ -438,20 +436,20 @@ void handle_xrc_rx_wc(Iface *i, const ibv_wc &wc)
 	auto *d = reinterpret_cast<RxDesc *>(wc.wr_id);
 	if (wc.status != IBV_WC_SUCCESS) {
 		if (wc.status != IBV_WC_WR_FLUSH_ERR)
-			rc_ep_repost(i, nullptr, d);
+			uct_xsrc_rc_ep_repost(i, nullptr, d);
 		return;
 	}
 	Ep *ep = nullptr;
 	if (wc.byte_len >= sizeof(WireHdr)) {
 		WireHdr hdr;
-		memcpy(&hdr, rx_data(i, d), sizeof(hdr));
-		ep = xrc_route(i, wc.qp_num, hdr.src_ep_id);
+		memcpy(&hdr, uct_xsrc_rc_iface_rx_data(i, d), sizeof(hdr));
+		ep = uct_xsrc_rc_xrc_route(i, wc.qp_num, hdr.src_ep_id);
 	}
 	if (!ep) {
-		rc_ep_repost(i, nullptr, d);
+		uct_xsrc_rc_ep_repost(i, nullptr, d);
 		return;
 	}
-	rc_ep_rx(i, ep, d, wc.byte_len);
+	uct_xsrc_rc_ep_rx(i, ep, d, wc.byte_len);
 }
 
 void handle_rx_wc(Iface *i, const ibv_wc &wc)
@@ -468,10 +466,10 @@ void handle_rx_wc(Iface *i, const ibv_wc &wc)
 		return;
 	if (wc.status != IBV_WC_SUCCESS) {
 		if (wc.status != IBV_WC_WR_FLUSH_ERR && ep->state != EpState::failed)
-			ep_fail(i, ep, ibv_wc_to_status(wc.status), true);
+			ep_fail(i, ep, uct_xsrc_verbs_wc_status(wc.status), true);
 		return;
 	}
-	rc_ep_rx(i, ep, d, wc.byte_len);
+	uct_xsrc_rc_ep_rx(i, ep, d, wc.byte_len);
 }
 
 void handle_wc(Iface *i, const ibv_wc &wc, bool rx) { rx ? handle_rx_wc(i, wc) : handle_tx_wc(i, wc); }
@@ -499,8 +497,8 @@ void ep_fail(Iface *i, Ep *ep, ucs_status_t status, bool notify)
 
 ucs_status_t set_ep_failed_hook(VerbsIface *, uct_ep_h, ucs_status_t) { return UCS_OK; }
 
-const VerbsIfaceOps rc_verbs_ops = [] {
-	VerbsIfaceOps o = verbs_iface_default_ops;
+const VerbsIfaceOps uct_xsrc_rc_iface_verbs_ops = [] {
+	VerbsIfaceOps o = uct_xsrc_verbs_iface_default_ops;
 	o.set_ep_failed = set_ep_failed_hook;
 	return o;
 }();
@@ -508,14 +506,14 @@ const VerbsIfaceOps rc_verbs_ops = [] {
 }  // namespace
 
 void ep_set_failed(Ep *ep, ucs_status_t status) { ep_fail(ep->iface, ep, status, true); }
-void ep_fail_one(Ep *ep, ucs_status_t status, bool notify) { ep_fail(ep->iface, ep, status, notify); }
-void ep_cancel(Ep *ep)
+void uct_xsrc_rc_ep_fail_one(Ep *ep, ucs_status_t status, bool notify) { ep_fail(ep->iface, ep, status, notify); }
+void uct_xsrc_rc_ep_cancel(Ep *ep)
 {
 	ep->cancelled = true;
 	ep_fail(ep->iface, ep, UCS_ERR_CANCELED, false);
 }
 
-unsigned rc_iface_progress(uct_iface_h h)
+unsigned uct_xsrc_rc_iface_progress(uct_iface_h h)
 {
 	Iface *i = iface_of(h);
 	unsigned count = 0;
@@ -542,14 +540,14 @@ unsigned rc_iface_progress(uct_iface_h h)
 		if (ep->grant_wanted)
 			i->rops->fc_ctrl(i, ep);
 		if (!ep->pending.empty())
-			ep_dispatch_pending(ep);
+			uct_xsrc_rc_ep_pending_dispatch(ep);
 	}
 	// Reading the connection socket is a system call: on every 16th progress
 	// call only (and whenever messages read earlier wait), not on the hot path.
 	if (!i->conn_deferred.empty() || (i->conn_tick++ & 15) == 0)
-		count += rc_conn_progress(i);
+		count += uct_xsrc_rc_iface_conn_progress(i);
 	if (i->cfg.xrc)
-		count += xrc_progress(i);
+		count += uct_xsrc_rc_xrc_progress(i);
 	count += tag_iface_progress(i);
 	count += cm_iface_progress(i);
 	--i->progress_depth;
@@ -562,7 +560,7 @@ namespace {
 unsigned progress_cb(void *arg)
 {
 	auto h = static_cast<uct_iface_h>(arg);
-	return iface_of(h)->base.progress_flags ? rc_iface_progress(h) : 0;
+	return iface_of(h)->base.progress_flags ? uct_xsrc_rc_iface_progress(h) : 0;
 }
 
 void iface_progress_enable(uct_iface_h h, unsigned flags)
@@ -595,7 +593,7 @@ ucs_status_t iface_flush(uct_iface_h h, unsigned flags, uct_completion_t *comp)
 	Iface *i = iface_of(h);
 	ucs_status_t result = UCS_OK;
 	for (Ep *ep : i->eps) {
-		ucs_status_t st = rc_ep_flush(to_uct(ep), flags, nullptr);
+		ucs_status_t st = uct_xsrc_rc_ep_flush(to_uct(ep), flags, nullptr);
 		if (st == UCS_ERR_NO_RESOURCE)
 			return st;
 		if (st == UCS_INPROGRESS)
@@ -607,7 +605,7 @@ ucs_status_t iface_flush(uct_iface_h h, unsigned flags, uct_completion_t *comp)
 ucs_status_t iface_fence(uct_iface_h h, unsigned flags)
 {
 	for (Ep *ep : iface_of(h)->eps)
-		rc_ep_fence(to_uct(ep), flags);
+		uct_xsrc_rc_ep_fence(to_uct(ep), flags);
 	return UCS_OK;
 }
 
@@ -624,7 +622,7 @@ ucs_status_t iface_event_fd_get(uct_iface_h h, int *fd_p)
 ucs_status_t iface_event_arm(uct_iface_h h, unsigned events)
 {
 	Iface *i = iface_of(h);
-	verbs_iface_drain_events(i);
+	uct_xsrc_verbs_iface_drain_events(i);
 	if (!i->stash.empty() || !i->conn_deferred.empty())
 		return UCS_ERR_BUSY;  // (connection messages already read raise no event)
 	for (Ep *ep : i->eps)
@@ -684,14 +682,14 @@ ucs_status_t iface_get_device_address(uct_iface_h h, uct_device_addr_t *addr)
 	return UCS_OK;
 }
 
-ucs_status_t iface_get_address(uct_iface_h h, uct_iface_addr_t *addr) { return rc_conn_get_address(iface_of(h), addr); }
+ucs_status_t iface_get_address(uct_iface_h h, uct_iface_addr_t *addr) { return uct_xsrc_rc_iface_conn_get_address(iface_of(h), addr); }
 
 // Same link layer: on RoCE any GID is routable (same host for xsrc); on IB the subnet
 // prefix must match.
 int iface_is_reachable(uct_iface_h h, const uct_device_addr_t *dev_addr, const uct_iface_addr_t *iface_addr)
 {
 	Iface *i = iface_of(h);
-	if (!dev_addr || (iface_addr && !rc_conn_addr_valid(iface_addr)))
+	if (!dev_addr || (iface_addr && !uct_xsrc_rc_iface_conn_addr_valid(iface_addr)))
 		return 0;
 	DevAddr d;
 	memcpy(&d, dev_addr, sizeof(d));
@@ -702,8 +700,8 @@ int iface_is_reachable(uct_iface_h h, const uct_device_addr_t *dev_addr, const u
 
 }  // namespace
 
-size_t rc_dev_addr_len() { return sizeof(DevAddr); }
-ucs_status_t rc_unpack_dev_addr(const uct_device_addr_t *a, ibv_gid *gid, uint16_t *lid)
+size_t uct_xsrc_rc_iface_dev_addr_len() { return sizeof(DevAddr); }
+ucs_status_t uct_xsrc_rc_iface_dev_addr_unpack(const uct_device_addr_t *a, ibv_gid *gid, uint16_t *lid)
 {
 	DevAddr d;
 	memcpy(&d, a, sizeof(d));
@@ -712,23 +710,23 @@ ucs_status_t rc_unpack_dev_addr(const uct_device_addr_t *a, ibv_gid *gid, uint16
 	return UCS_OK;
 }
 
-const uct_iface_ops_t rc_iface_tl_ops = {
-	.ep_put_short = rc_ep_put_short,
-	.ep_put_bcopy = rc_ep_put_bcopy,
-	.ep_put_zcopy = rc_ep_put_zcopy,
-	.ep_get_short = rc_ep_get_short,
-	.ep_get_bcopy = rc_ep_get_bcopy,
-	.ep_get_zcopy = rc_ep_get_zcopy,
-	.ep_am_short = rc_ep_am_short,
-	.ep_am_short_iov = rc_ep_am_short_iov,
-	.ep_am_bcopy = rc_ep_am_bcopy,
-	.ep_am_zcopy = rc_ep_am_zcopy,
-	.ep_atomic_cswap64 = rc_ep_atomic_cswap64,
-	.ep_atomic_cswap32 = rc_ep_atomic_cswap32,
-	.ep_atomic32_post = rc_ep_atomic32_post,
-	.ep_atomic64_post = rc_ep_atomic64_post,
-	.ep_atomic32_fetch = rc_ep_atomic32_fetch,
-	.ep_atomic64_fetch = rc_ep_atomic64_fetch,
+const uct_iface_ops_t uct_xsrc_rc_iface_tl_ops = {
+	.ep_put_short = uct_xsrc_rc_ep_put_short,
+	.ep_put_bcopy = uct_xsrc_rc_ep_put_bcopy,
+	.ep_put_zcopy = uct_xsrc_rc_ep_put_zcopy,
+	.ep_get_short = uct_xsrc_rc_ep_get_short,
+	.ep_get_bcopy = uct_xsrc_rc_ep_get_bcopy,
+	.ep_get_zcopy = uct_xsrc_rc_ep_get_zcopy,
+	.ep_am_short = uct_xsrc_rc_ep_am_short,
+	.ep_am_short_iov = uct_xsrc_rc_ep_am_short_iov,
+	.ep_am_bcopy = uct_xsrc_rc_ep_am_bcopy,
+	.ep_am_zcopy = uct_xsrc_rc_ep_am_zcopy,
+	.ep_atomic_cswap64 = uct_xsrc_rc_ep_atomic_cswap64,
+	.ep_atomic_cswap32 = uct_xsrc_rc_ep_atomic_cswap32,
+	.ep_atomic32_post = uct_xsrc_rc_ep_atomic32_post,
+	.ep_atomic64_post = uct_xsrc_rc_ep_atomic64_post,
+	.ep_atomic32_fetch = uct_xsrc_rc_ep_atomic32_fetch,
+	.ep_atomic64_fetch = uct_xsrc_rc_ep_atomic64_fetch,
 	.ep_tag_eager_short = tag_ep_eager_short,
 	.ep_tag_eager_bcopy = tag_ep_eager_bcopy,
 	.ep_tag_eager_zcopy = tag_ep_eager_zcopy,
@@ -737,25 +735,25 @@ const uct_iface_ops_t rc_iface_tl_ops = {
 	.ep_tag_rndv_request = tag_ep_rndv_request,
 	.iface_tag_recv_zcopy = tag_iface_recv_zcopy,
 	.iface_tag_recv_cancel = tag_iface_recv_cancel,
-	.ep_pending_add = rc_ep_pending_add,
-	.ep_pending_purge = rc_ep_pending_purge,
-	.ep_flush = rc_ep_flush,
-	.ep_fence = rc_ep_fence,
-	.ep_check = rc_ep_check,
-	.ep_create = rc_ep_create,
+	.ep_pending_add = uct_xsrc_rc_ep_pending_add,
+	.ep_pending_purge = uct_xsrc_rc_ep_pending_purge,
+	.ep_flush = uct_xsrc_rc_ep_flush,
+	.ep_fence = uct_xsrc_rc_ep_fence,
+	.ep_check = uct_xsrc_rc_ep_check,
+	.ep_create = uct_xsrc_rc_ep_create,
 	.ep_connect = cm_ep_connect,
 	.ep_disconnect = cm_ep_disconnect,
 	.cm_ep_conn_notify = cm_ep_conn_notify,
-	.ep_destroy = rc_ep_destroy,
-	.ep_get_address = rc_ep_get_address,
-	.ep_connect_to_ep = rc_ep_connect_to_ep,
+	.ep_destroy = uct_xsrc_rc_ep_destroy,
+	.ep_get_address = uct_xsrc_rc_ep_get_address,
+	.ep_connect_to_ep = uct_xsrc_rc_ep_connect_to_ep,
 	.iface_accept = cm_iface_accept,
 	.iface_reject = cm_iface_reject,
 	.iface_flush = iface_flush,
 	.iface_fence = iface_fence,
 	.iface_progress_enable = iface_progress_enable,
 	.iface_progress_disable = iface_progress_disable,
-	.iface_progress = rc_iface_progress,
+	.iface_progress = uct_xsrc_rc_iface_progress,
 	.iface_event_fd_get = iface_event_fd_get,
 	.iface_event_arm = iface_event_arm,
 	.iface_close = iface_close,
@@ -776,8 +774,8 @@ const UcxIfaceInternalOps internal_ops = {
 
 void free_iface(Iface *i)
 {
-	xrc_iface_cleanup(i);  // (says bye through the socket: before closing it)
-	rc_conn_close(i);
+	uct_xsrc_rc_xrc_iface_cleanup(i);  // (says bye through the socket: before closing it)
+	uct_xsrc_rc_iface_conn_close(i);
 	if (i->srq)
 		ibv_destroy_srq(i->srq);
 	for (RxPool *chunk : i->srq_chunks)
@@ -802,7 +800,7 @@ void free_iface(Iface *i)
 	if (i->atomic_mr)
 		ibv_dereg_mr(i->atomic_mr);
 	free(i->atomic_words);
-	verbs_iface_cleanup(i);
+	uct_xsrc_verbs_iface_cleanup(i);
 	delete i;
 }
 
@@ -815,7 +813,7 @@ void iface_close(uct_iface_h h)
 		uct_worker_progress_unregister_safe(i->worker, &i->base.prog.id);
 	i->progress_registered = false;
 	while (!i->eps.empty())
-		rc_ep_destroy(to_uct(i->eps.back()));
+		uct_xsrc_rc_ep_destroy(to_uct(i->eps.back()));
 	free_iface(i);
 }
 
@@ -876,8 +874,8 @@ ucs_status_t iface_query(uct_iface_h h, uct_iface_attr_t *attr)
 	attr->cap.event_flags = UCT_IFACE_FLAG_EVENT_SEND_COMP | UCT_IFACE_FLAG_EVENT_RECV | UCT_IFACE_FLAG_EVENT_FD;
 
 	attr->device_addr_len = sizeof(DevAddr);
-	attr->iface_addr_len = rc_iface_addr_len();
-	attr->ep_addr_len = rc_ep_addr_len();
+	attr->iface_addr_len = uct_xsrc_rc_iface_addr_len();
+	attr->ep_addr_len = uct_xsrc_rc_ep_addr_len();
 	attr->max_conn_priv = 0;
 	// Measured on xsrc0 (README, bench/uct_bench): a send ~1 us, a process_vm_writev ~2.5 us.
 	attr->overhead = 0.5e-6;
@@ -894,7 +892,7 @@ ucs_status_t iface_query(uct_iface_h h, uct_iface_attr_t *attr)
 
 }  // namespace
 
-ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t *params, const IfaceConfig &cfg,
+ucs_status_t uct_xsrc_rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t *params, const IfaceConfig &cfg,
 			   uct_iface_h *iface_p)
 {
 	if (!md || !params || !iface_p)
@@ -923,7 +921,7 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 		return UCS_ERR_UNSUPPORTED;
 	}
 	i->cfg = cfg;
-	i->rops = &rc_iface_default_ops;
+	i->rops = &uct_xsrc_rc_iface_default_ops;
 	unsigned tx_slots = cfg.tx_ops;
 	// Completions of destroyed eps' work may still sit in a CQ: twice the live maximum.
 	unsigned tx_cqe = 2 * tx_slots + 16;
@@ -933,13 +931,13 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 		delete i;
 		return UCS_ERR_EXCEEDS_LIMIT;
 	}
-	ucs_status_t st = verbs_iface_init(i, &rc_verbs_ops, md, worker, params, dev_name, tx_cqe, rx_cqe);
+	ucs_status_t st = uct_xsrc_verbs_iface_init(i, &uct_xsrc_rc_iface_verbs_ops, md, worker, params, dev_name, tx_cqe, rx_cqe);
 	if (st != UCS_OK) {
 		delete i;
 		return st;
 	}
 	// The UCX base part.
-	i->base.super.ops = rc_iface_tl_ops;
+	i->base.super.ops = uct_xsrc_rc_iface_tl_ops;
 	i->base.internal_ops = &internal_ops;
 	i->base.md = md_handle(md);  // libuct (uct_iface_mem_alloc) sees a UCX md
 	i->base.worker = worker;
@@ -974,7 +972,7 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 	i->atomic_mr = ibv_reg_mr(md->pd, i->atomic_words, tx_slots * 8, IBV_ACCESS_LOCAL_WRITE);
 	i->tx_mr = ibv_reg_mr(md->pd, i->tx_mem, tx_len, IBV_ACCESS_LOCAL_WRITE);
 	if (!i->atomic_mr || !i->tx_mr) {
-		st = md_errno_status(errno);
+		st = uct_xsrc_md_errno_status(errno);
 		free_iface(i);
 		return st;
 	}
@@ -1002,7 +1000,7 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 		i->credit_mr = ibv_reg_mr(md->pd, i->credit_mem, static_cast<size_t>(cfg.max_eps) * 64,
 					  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 		if (!i->srq_mr || !i->credit_mr) {
-			st = md_errno_status(errno);
+			st = uct_xsrc_md_errno_status(errno);
 			free_iface(i);
 			return st;
 		}
@@ -1024,7 +1022,7 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 		if (i->xrcd)
 			i->srq = ibv_create_srq_ex(md->ctx, &sa);
 		if (!i->xrcd || !i->srq) {
-			st = md_errno_status(errno);
+			st = uct_xsrc_md_errno_status(errno);
 			free_iface(i);
 			return st;
 		}
@@ -1034,7 +1032,7 @@ ucs_status_t rc_iface_open(Md *md, uct_worker_h worker, const uct_iface_params_t
 		free_iface(i);
 		return UCS_ERR_IO_ERROR;
 	}
-	st = rc_conn_open(i);
+	st = uct_xsrc_rc_iface_conn_open(i);
 	if (st != UCS_OK) {
 		free_iface(i);
 		return st;
@@ -1095,12 +1093,12 @@ extern "C" ucs_status_t xsrc_uct_iface_open(uct_md_h md, uct_worker_h worker, co
 		if (transport == XSRC_UCT_TRANSPORT_AUTO && strcmp(env, "rc") == 0)
 			cfg.xrc = false;
 	}
-	return rc_iface_open(xmd, worker, params, cfg, iface_p);
+	return uct_xsrc_rc_iface_open(xmd, worker, params, cfg, iface_p);
 }
 
 extern "C" unsigned xsrc_uct_iface_transport(uct_iface_h h)
 {
-	if (!h || h->ops.iface_close != rc_iface_tl_ops.iface_close)
+	if (!h || h->ops.iface_close != uct_xsrc_rc_iface_tl_ops.iface_close)
 		return 0;
 	return iface_of(h)->cfg.xrc ? XSRC_UCT_TRANSPORT_XRC : XSRC_UCT_TRANSPORT_RC;
 }

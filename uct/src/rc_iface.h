@@ -208,7 +208,7 @@ struct Iface : VerbsIface {
 	unsigned conn_tick = 0; // progress calls; the socket is read on every 16th
 	char conn_name[24]{}; // its abstract socket name = the iface address
 	unsigned conn_seq = 0;                     // the socket's number (its name: pid and this)
-	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by rc_conn_poll
+	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by uct_xsrc_rc_iface_conn_poll
 	unsigned progress_depth = 0;
 };
 
@@ -239,82 +239,82 @@ struct TxOp {
 	void *result = nullptr;  // user's result, null for post
 };
 
-extern const RcIfaceOps rc_iface_default_ops;
-extern const uct_iface_ops_t rc_iface_tl_ops;
+extern const RcIfaceOps uct_xsrc_rc_iface_default_ops;
+extern const uct_iface_ops_t uct_xsrc_rc_iface_tl_ops;
 
 inline Iface *iface_of(uct_iface_h h) { return reinterpret_cast<Iface *>(h); }
 inline Ep *ep_of(uct_ep_h h) { return reinterpret_cast<Ep *>(h); }
 
 // rc_iface.cpp
-ucs_status_t rc_iface_open(Md *, uct_worker_h, const uct_iface_params_t *, const IfaceConfig &, uct_iface_h *);
-unsigned rc_iface_progress(uct_iface_h);
+ucs_status_t uct_xsrc_rc_iface_open(Md *, uct_worker_h, const uct_iface_params_t *, const IfaceConfig &, uct_iface_h *);
+unsigned uct_xsrc_rc_iface_progress(uct_iface_h);
 // Op slots and bounce buffers; both give null/-1 when exhausted.
-TxOp *op_get(Iface *, OpKind, Ep *);
-void op_put(Iface *, TxOp *);
-uint64_t op_wr_id(Iface *, const TxOp *);
-int buf_get(Iface *);
-void buf_put(Iface *, int);
-char *buf_addr(Iface *, int);
-void complete_comp(uct_completion_t *, ucs_status_t);
-void ep_dispatch_pending(Ep *);
+TxOp *uct_xsrc_rc_iface_op_get(Iface *, OpKind, Ep *);
+void uct_xsrc_rc_iface_op_put(Iface *, TxOp *);
+uint64_t uct_xsrc_rc_iface_op_wr_id(Iface *, const TxOp *);
+int uct_xsrc_rc_iface_buf_get(Iface *);
+void uct_xsrc_rc_iface_buf_put(Iface *, int);
+char *uct_xsrc_rc_iface_buf_addr(Iface *, int);
+void uct_xsrc_rc_iface_comp_done(uct_completion_t *, ucs_status_t);
+void uct_xsrc_rc_ep_pending_dispatch(Ep *);
 
 // rc_ep.cpp: the uct_iface_ops_t entries that act on an ep.
-ucs_status_t rc_ep_create(const uct_ep_params_t *, uct_ep_h *);
-void rc_ep_destroy(uct_ep_h);
-ucs_status_t rc_ep_get_address(uct_ep_h, uct_ep_addr_t *);
-ucs_status_t rc_ep_connect_to_ep(uct_ep_h, const uct_device_addr_t *, const uct_ep_addr_t *);
-ucs_status_t rc_ep_put_short(uct_ep_h, const void *, unsigned, uint64_t, uct_rkey_t);
-ssize_t rc_ep_put_bcopy(uct_ep_h, uct_pack_callback_t, void *, uint64_t, uct_rkey_t);
-ucs_status_t rc_ep_put_zcopy(uct_ep_h, const uct_iov_t *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
-ucs_status_t rc_ep_get_short(uct_ep_h, void *, unsigned, uint64_t, uct_rkey_t);
-ucs_status_t rc_ep_get_bcopy(uct_ep_h, uct_unpack_callback_t, void *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
-ucs_status_t rc_ep_get_zcopy(uct_ep_h, const uct_iov_t *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
-ucs_status_t rc_ep_am_short(uct_ep_h, uint8_t, uint64_t, const void *, unsigned);
-ucs_status_t rc_ep_am_short_iov(uct_ep_h, uint8_t, const uct_iov_t *, size_t);
-ssize_t rc_ep_am_bcopy(uct_ep_h, uint8_t, uct_pack_callback_t, void *, unsigned);
-ucs_status_t rc_ep_am_zcopy(uct_ep_h, uint8_t, const void *, unsigned, const uct_iov_t *, size_t, unsigned, uct_completion_t *);
-ucs_status_t rc_ep_atomic_cswap64(uct_ep_h, uint64_t, uint64_t, uint64_t, uct_rkey_t, uint64_t *, uct_completion_t *);
-ucs_status_t rc_ep_atomic_cswap32(uct_ep_h, uint32_t, uint32_t, uint64_t, uct_rkey_t, uint32_t *, uct_completion_t *);
-ucs_status_t rc_ep_atomic32_post(uct_ep_h, unsigned, uint32_t, uint64_t, uct_rkey_t);
-ucs_status_t rc_ep_atomic64_post(uct_ep_h, unsigned, uint64_t, uint64_t, uct_rkey_t);
-ucs_status_t rc_ep_atomic32_fetch(uct_ep_h, unsigned, uint32_t, uint32_t *, uint64_t, uct_rkey_t, uct_completion_t *);
-ucs_status_t rc_ep_atomic64_fetch(uct_ep_h, unsigned, uint64_t, uint64_t *, uint64_t, uct_rkey_t, uct_completion_t *);
-ucs_status_t rc_ep_pending_add(uct_ep_h, uct_pending_req_t *, unsigned);
-void rc_ep_pending_purge(uct_ep_h, uct_pending_purge_callback_t, void *);
-ucs_status_t rc_ep_flush(uct_ep_h, unsigned, uct_completion_t *);
-ucs_status_t rc_ep_fence(uct_ep_h, unsigned);
-ucs_status_t rc_ep_check(uct_ep_h, unsigned, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_create(const uct_ep_params_t *, uct_ep_h *);
+void uct_xsrc_rc_ep_destroy(uct_ep_h);
+ucs_status_t uct_xsrc_rc_ep_get_address(uct_ep_h, uct_ep_addr_t *);
+ucs_status_t uct_xsrc_rc_ep_connect_to_ep(uct_ep_h, const uct_device_addr_t *, const uct_ep_addr_t *);
+ucs_status_t uct_xsrc_rc_ep_put_short(uct_ep_h, const void *, unsigned, uint64_t, uct_rkey_t);
+ssize_t uct_xsrc_rc_ep_put_bcopy(uct_ep_h, uct_pack_callback_t, void *, uint64_t, uct_rkey_t);
+ucs_status_t uct_xsrc_rc_ep_put_zcopy(uct_ep_h, const uct_iov_t *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_get_short(uct_ep_h, void *, unsigned, uint64_t, uct_rkey_t);
+ucs_status_t uct_xsrc_rc_ep_get_bcopy(uct_ep_h, uct_unpack_callback_t, void *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_get_zcopy(uct_ep_h, const uct_iov_t *, size_t, uint64_t, uct_rkey_t, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_am_short(uct_ep_h, uint8_t, uint64_t, const void *, unsigned);
+ucs_status_t uct_xsrc_rc_ep_am_short_iov(uct_ep_h, uint8_t, const uct_iov_t *, size_t);
+ssize_t uct_xsrc_rc_ep_am_bcopy(uct_ep_h, uint8_t, uct_pack_callback_t, void *, unsigned);
+ucs_status_t uct_xsrc_rc_ep_am_zcopy(uct_ep_h, uint8_t, const void *, unsigned, const uct_iov_t *, size_t, unsigned, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_atomic_cswap64(uct_ep_h, uint64_t, uint64_t, uint64_t, uct_rkey_t, uint64_t *, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_atomic_cswap32(uct_ep_h, uint32_t, uint32_t, uint64_t, uct_rkey_t, uint32_t *, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_atomic32_post(uct_ep_h, unsigned, uint32_t, uint64_t, uct_rkey_t);
+ucs_status_t uct_xsrc_rc_ep_atomic64_post(uct_ep_h, unsigned, uint64_t, uint64_t, uct_rkey_t);
+ucs_status_t uct_xsrc_rc_ep_atomic32_fetch(uct_ep_h, unsigned, uint32_t, uint32_t *, uint64_t, uct_rkey_t, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_atomic64_fetch(uct_ep_h, unsigned, uint64_t, uint64_t *, uint64_t, uct_rkey_t, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_pending_add(uct_ep_h, uct_pending_req_t *, unsigned);
+void uct_xsrc_rc_ep_pending_purge(uct_ep_h, uct_pending_purge_callback_t, void *);
+ucs_status_t uct_xsrc_rc_ep_flush(uct_ep_h, unsigned, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_ep_fence(uct_ep_h, unsigned);
+ucs_status_t uct_xsrc_rc_ep_check(uct_ep_h, unsigned, uct_completion_t *);
 // A send completion of the ep's (in order); an atomic that must go round again is re-posted.
-void rc_ep_tx_done(Iface *, TxOp *, const ibv_wc &);
+void uct_xsrc_rc_ep_tx_done(Iface *, TxOp *, const ibv_wc &);
 // A received message.
-void rc_ep_rx(Iface *, Ep *, RxDesc *, size_t byte_len);
-ucs_status_t rc_ep_repost(Iface *, Ep *, RxDesc *);  // ep: whose grant it counts for (may be null on XRC)
+void uct_xsrc_rc_ep_rx(Iface *, Ep *, RxDesc *, size_t byte_len);
+ucs_status_t uct_xsrc_rc_ep_repost(Iface *, Ep *, RxDesc *);  // ep: whose grant it counts for (may be null on XRC)
 // Post a send/RDMA work request for `op` on the ep (sq/seq accounting included).
-ucs_status_t rc_ep_post(Ep *, TxOp *, ibv_send_wr *);
+ucs_status_t uct_xsrc_rc_ep_post(Ep *, TxOp *, ibv_send_wr *);
 // The 8-byte word of atomic_words that belongs to op: an atomic's result, a grant's value.
-inline uint64_t &op_word(Iface *i, TxOp *op) { return i->atomic_words[static_cast<size_t>(op - i->ops.data())]; }
-// Posts a work request whose local side is op_word(op): an 8-byte RDMA WRITE, or an
+inline uint64_t &uct_xsrc_rc_iface_op_word(Iface *i, TxOp *op) { return i->atomic_words[static_cast<size_t>(op - i->ops.data())]; }
+// Posts a work request whose local side is uct_xsrc_rc_iface_op_word(op): an 8-byte RDMA WRITE, or an
 // atomic (compare_add, swap). op stays the caller's on failure.
-ucs_status_t rc_ep_post_word(Ep *, TxOp *, ibv_wr_opcode, uint64_t remote_addr, uint32_t rkey,
+ucs_status_t uct_xsrc_rc_ep_post_word(Ep *, TxOp *, ibv_wr_opcode, uint64_t remote_addr, uint32_t rkey,
 			     uint64_t compare_add = 0, uint64_t swap = 0);
-ucs_status_t ep_send_msg(Ep *, MsgKind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed);
-size_t rc_ep_addr_len();
+ucs_status_t uct_xsrc_rc_ep_send_msg(Ep *, MsgKind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed);
+size_t uct_xsrc_rc_ep_addr_len();
 // rc_iface_conn.cpp: ep_create to an iface address (UCT_IFACE_FLAG_CONNECT_TO_IFACE).
-size_t rc_iface_addr_len();
-ucs_status_t rc_conn_open(Iface *);
-void rc_conn_close(Iface *);
-ucs_status_t rc_conn_get_address(Iface *, uct_iface_addr_t *);
-bool rc_conn_addr_valid(const uct_iface_addr_t *);
-ucs_status_t rc_conn_ep_create(Iface *, const uct_device_addr_t *, const uct_iface_addr_t *, uct_ep_h *);
-unsigned rc_conn_progress(Iface *);
-size_t rc_dev_addr_len();
-ucs_status_t rc_unpack_dev_addr(const uct_device_addr_t *, ibv_gid *gid, uint16_t *lid);
+size_t uct_xsrc_rc_iface_addr_len();
+ucs_status_t uct_xsrc_rc_iface_conn_open(Iface *);
+void uct_xsrc_rc_iface_conn_close(Iface *);
+ucs_status_t uct_xsrc_rc_iface_conn_get_address(Iface *, uct_iface_addr_t *);
+bool uct_xsrc_rc_iface_conn_addr_valid(const uct_iface_addr_t *);
+ucs_status_t uct_xsrc_rc_iface_conn_ep_create(Iface *, const uct_device_addr_t *, const uct_iface_addr_t *, uct_ep_h *);
+unsigned uct_xsrc_rc_iface_conn_progress(Iface *);
+size_t uct_xsrc_rc_iface_dev_addr_len();
+ucs_status_t uct_xsrc_rc_iface_dev_addr_unpack(const uct_device_addr_t *, ibv_gid *gid, uint16_t *lid);
 // UCT_FLUSH_FLAG_CANCEL: outstanding work completes with UCS_ERR_CANCELED; the ep is unusable after.
-void ep_cancel(Ep *);
+void uct_xsrc_rc_ep_cancel(Ep *);
 // The ep alone fails (its QP, if shared, is left alone); notify: call the error handler.
-void ep_fail_one(Ep *, ucs_status_t status, bool notify);
+void uct_xsrc_rc_ep_fail_one(Ep *, ucs_status_t status, bool notify);
 // The receive buffer of a descriptor (where the WireHdr lands).
-char *rx_data(Iface *, const RxDesc *);
+char *uct_xsrc_rc_iface_rx_data(Iface *, const RxDesc *);
 
 // rc_iface_conn.cpp: XRC connection messages between ifaces (same socket as connect-to-iface).
 enum class XrcMsgType : uint8_t { request = 4, reply = 5, bye = 6 };
@@ -327,22 +327,22 @@ struct XrcMsg {
 	int32_t status = 0;   // reply: UCS_OK or why not
 };
 // UCS_OK, UCS_ERR_NO_RESOURCE (the peer's socket is full: try again) or UCS_ERR_UNREACHABLE.
-ucs_status_t rc_conn_send_xrc(Iface *, const XrcKey &to, const XrcMsg &);
-// Reads the socket now: XRC messages are handled, others kept for rc_conn_progress.
-void rc_conn_poll(Iface *);
-XrcKey rc_conn_self_key(Iface *);
-bool rc_conn_iface_alive(Iface *, const XrcKey &);  // false once nobody has the iface's socket
+ucs_status_t uct_xsrc_rc_iface_conn_send_xrc(Iface *, const XrcKey &to, const XrcMsg &);
+// Reads the socket now: XRC messages are handled, others kept for uct_xsrc_rc_iface_conn_progress.
+void uct_xsrc_rc_iface_conn_poll(Iface *);
+XrcKey uct_xsrc_rc_iface_conn_self_key(Iface *);
+bool uct_xsrc_rc_iface_conn_iface_alive(Iface *, const XrcKey &);  // false once nobody has the iface's socket
 
 // rc_xrc.cpp: the shared XRC QPs.
 // Attaches a fresh ep to the send QP towards `remote` (creating and requesting it if needed);
 // the ep is connected now if that QP is, else when the peer answers (progress).
-ucs_status_t xrc_ep_connect(Ep *, const XrcKey &remote, const ibv_gid &gid, uint16_t lid);
-void xrc_ep_detach(Ep *);                       // ep_destroy: the last ep closes the QP
-Ep *xrc_route(Iface *, uint32_t tgt_qpn, uint32_t src_ep_id);
-void xrc_on_msg(Iface *, const XrcMsg &);
-void xrc_tx_done(Iface *, TxOp *, const ibv_wc &);  // accounting for a completion on a shared QP
-void xrc_ini_fail(Iface *, XrcIni *, ucs_status_t);
-unsigned xrc_progress(Iface *);
-void xrc_iface_cleanup(Iface *);
+ucs_status_t uct_xsrc_rc_xrc_ep_connect(Ep *, const XrcKey &remote, const ibv_gid &gid, uint16_t lid);
+void uct_xsrc_rc_xrc_ep_detach(Ep *);                       // ep_destroy: the last ep closes the QP
+Ep *uct_xsrc_rc_xrc_route(Iface *, uint32_t tgt_qpn, uint32_t src_ep_id);
+void uct_xsrc_rc_xrc_on_msg(Iface *, const XrcMsg &);
+void uct_xsrc_rc_xrc_tx_done(Iface *, TxOp *, const ibv_wc &);  // accounting for a completion on a shared QP
+void uct_xsrc_rc_xrc_ini_fail(Iface *, XrcIni *, ucs_status_t);
+unsigned uct_xsrc_rc_xrc_progress(Iface *);
+void uct_xsrc_rc_xrc_iface_cleanup(Iface *);
 
 }  // namespace xsrc::uct

@@ -51,7 +51,7 @@ bool is_xrc(uint8_t type)
 	return type >= static_cast<uint8_t>(XrcMsgType::request) && type <= static_cast<uint8_t>(XrcMsgType::bye);
 }
 
-// The socket name of the iface with key `k` (as rc_conn_open names it).
+// The socket name of the iface with key `k` (as uct_xsrc_rc_iface_conn_open names it).
 void name_of(const XrcKey &k, char (&name)[sizeof(IfaceAddr::name)])
 {
 	snprintf(name, sizeof(name), "%s%u-%u", addr_prefix, k.pid, k.seq);
@@ -62,14 +62,14 @@ void handle_xrc(Iface *i, const ConnMsg &m)
 	XrcMsg x{};
 	x.type = static_cast<XrcMsgType>(m.type);
 	ibv_gid gid;
-	rc_unpack_dev_addr(reinterpret_cast<const uct_device_addr_t *>(m.dev), &gid, &x.lid);
+	uct_xsrc_rc_iface_dev_addr_unpack(reinterpret_cast<const uct_device_addr_t *>(m.dev), &gid, &x.lid);
 	memcpy(x.from.gid.data(), gid.raw, 16);
 	x.from.pid = m.pid;
 	x.from.seq = m.seq;
 	x.ini = m.ini;
 	x.tgt = m.tgt;
 	x.status = m.status;
-	xrc_on_msg(i, x);
+	uct_xsrc_rc_xrc_on_msg(i, x);
 }
 
 sockaddr_un sun_of(const char *name, socklen_t *len)
@@ -129,12 +129,12 @@ void on_request(Iface *i, const ConnMsg &req)
 	p.field_mask = UCT_EP_PARAM_FIELD_IFACE;
 	p.iface = to_uct(i);
 	uct_ep_h h = nullptr;
-	ucs_status_t st = rc_ep_create(&p, &h);
+	ucs_status_t st = uct_xsrc_rc_ep_create(&p, &h);
 	if (st == UCS_OK) {
-		st = rc_ep_connect_to_ep(h, reinterpret_cast<const uct_device_addr_t *>(req.dev),
+		st = uct_xsrc_rc_ep_connect_to_ep(h, reinterpret_cast<const uct_device_addr_t *>(req.dev),
 					 reinterpret_cast<const uct_ep_addr_t *>(req.ep));
 		if (st != UCS_OK) {
-			rc_ep_destroy(h);
+			uct_xsrc_rc_ep_destroy(h);
 			h = nullptr;
 		}
 	}
@@ -161,7 +161,7 @@ void on_answer(Iface *i, const ConnMsg &m)
 	if (!ep)
 		return;  // destroyed meanwhile
 	ucs_status_t st = static_cast<ConnType>(m.type) == ConnType::reply
-				  ? rc_ep_connect_to_ep(to_uct(ep), reinterpret_cast<const uct_device_addr_t *>(m.dev),
+				  ? uct_xsrc_rc_ep_connect_to_ep(to_uct(ep), reinterpret_cast<const uct_device_addr_t *>(m.dev),
 							reinterpret_cast<const uct_ep_addr_t *>(m.ep))
 				  : (m.status < 0 ? static_cast<ucs_status_t>(m.status) : UCS_ERR_REJECTED);
 	if (st != UCS_OK)
@@ -170,9 +170,9 @@ void on_answer(Iface *i, const ConnMsg &m)
 
 }  // namespace
 
-size_t rc_iface_addr_len() { return sizeof(IfaceAddr); }
+size_t uct_xsrc_rc_iface_addr_len() { return sizeof(IfaceAddr); }
 
-XrcKey rc_conn_self_key(Iface *i)
+XrcKey uct_xsrc_rc_iface_conn_self_key(Iface *i)
 {
 	XrcKey k;
 	memcpy(k.gid.data(), i->gid.raw, 16);
@@ -181,7 +181,7 @@ XrcKey rc_conn_self_key(Iface *i)
 	return k;
 }
 
-ucs_status_t rc_conn_send_xrc(Iface *i, const XrcKey &to, const XrcMsg &x)
+ucs_status_t uct_xsrc_rc_iface_conn_send_xrc(Iface *i, const XrcKey &to, const XrcMsg &x)
 {
 	ConnMsg m{};
 	m.magic = conn_magic;
@@ -197,7 +197,7 @@ ucs_status_t rc_conn_send_xrc(Iface *i, const XrcKey &to, const XrcMsg &x)
 	return send_msg(i, name, m);
 }
 
-bool rc_conn_iface_alive(Iface *i, const XrcKey &k)
+bool uct_xsrc_rc_iface_conn_iface_alive(Iface *i, const XrcKey &k)
 {
 	char name[sizeof(IfaceAddr::name)];
 	name_of(k, name);
@@ -208,7 +208,7 @@ bool rc_conn_iface_alive(Iface *i, const XrcKey &k)
 		 errno == ECONNREFUSED);
 }
 
-void rc_conn_poll(Iface *i)
+void uct_xsrc_rc_iface_conn_poll(Iface *i)
 {
 	ConnMsg m;
 	ssize_t r;
@@ -222,7 +222,7 @@ void rc_conn_poll(Iface *i)
 	}
 }
 
-ucs_status_t rc_conn_open(Iface *i)
+ucs_status_t uct_xsrc_rc_iface_conn_open(Iface *i)
 {
 	static unsigned counter;
 	i->conn_pid = static_cast<uint32_t>(getpid());
@@ -241,7 +241,7 @@ ucs_status_t rc_conn_open(Iface *i)
 	return iface_watch_fd(i, i->conn_fd, true);
 }
 
-void rc_conn_close(Iface *i)
+void uct_xsrc_rc_iface_conn_close(Iface *i)
 {
 	if (i->conn_fd < 0)
 		return;
@@ -250,7 +250,7 @@ void rc_conn_close(Iface *i)
 	i->conn_fd = -1;
 }
 
-ucs_status_t rc_conn_get_address(Iface *i, uct_iface_addr_t *addr)
+ucs_status_t uct_xsrc_rc_iface_conn_get_address(Iface *i, uct_iface_addr_t *addr)
 {
 	if (!addr)
 		return UCS_ERR_INVALID_PARAM;
@@ -260,24 +260,24 @@ ucs_status_t rc_conn_get_address(Iface *i, uct_iface_addr_t *addr)
 	return UCS_OK;
 }
 
-bool rc_conn_addr_valid(const uct_iface_addr_t *addr)
+bool uct_xsrc_rc_iface_conn_addr_valid(const uct_iface_addr_t *addr)
 {
 	IfaceAddr a;
 	memcpy(&a, addr, sizeof(a));
 	return strncmp(a.name, addr_prefix, sizeof(addr_prefix) - 1) == 0 && memchr(a.name, 0, sizeof(a.name));
 }
 
-ucs_status_t rc_conn_ep_create(Iface *i, const uct_device_addr_t *dev, const uct_iface_addr_t *iface_addr,
+ucs_status_t uct_xsrc_rc_iface_conn_ep_create(Iface *i, const uct_device_addr_t *dev, const uct_iface_addr_t *iface_addr,
 			       uct_ep_h *ep_p)
 {
-	if (!rc_conn_addr_valid(iface_addr))
+	if (!uct_xsrc_rc_iface_conn_addr_valid(iface_addr))
 		return UCS_ERR_INVALID_PARAM;
 	(void)dev;  // the peer's reply carries its device address again, with its ep address
 	uct_ep_params_t p{};
 	p.field_mask = UCT_EP_PARAM_FIELD_IFACE;
 	p.iface = to_uct(i);
 	uct_ep_h h = nullptr;
-	ucs_status_t st = rc_ep_create(&p, &h);
+	ucs_status_t st = uct_xsrc_rc_ep_create(&p, &h);
 	if (st != UCS_OK)
 		return st;
 	ConnMsg req{};
@@ -289,14 +289,14 @@ ucs_status_t rc_conn_ep_create(Iface *i, const uct_device_addr_t *dev, const uct
 	memcpy(&a, iface_addr, sizeof(a));
 	st = send_msg(i, a.name, req);
 	if (st != UCS_OK) {
-		rc_ep_destroy(h);
+		uct_xsrc_rc_ep_destroy(h);
 		return st;
 	}
 	*ep_p = h;
 	return UCS_OK;
 }
 
-unsigned rc_conn_progress(Iface *i)
+unsigned uct_xsrc_rc_iface_conn_progress(Iface *i)
 {
 	unsigned n = 0;
 	ConnMsg m;

@@ -30,8 +30,6 @@
 
 namespace xsrc::uct {
 
-ucs_status_t md_errno_status(int e);
-
 namespace {
 
 constexpr auto connect_wait = std::chrono::milliseconds(100);
@@ -66,11 +64,11 @@ void send_request(Iface *i, XrcIni *x)
 	XrcMsg m{};
 	m.type = XrcMsgType::request;
 	m.ini = x->qp->qp_num;
-	ucs_status_t st = rc_conn_send_xrc(i, x->key, m);
+	ucs_status_t st = uct_xsrc_rc_iface_conn_send_xrc(i, x->key, m);
 	x->request_unsent = st == UCS_ERR_NO_RESOURCE;
 	x->request_ns = now_ns();
 	if (st != UCS_OK && st != UCS_ERR_NO_RESOURCE)
-		xrc_ini_fail(i, x, UCS_ERR_UNREACHABLE);  // no such iface (any more)
+		uct_xsrc_rc_xrc_ini_fail(i, x, UCS_ERR_UNREACHABLE);  // no such iface (any more)
 }
 
 void ini_destroy(Iface *i, XrcIni *x)
@@ -78,7 +76,7 @@ void ini_destroy(Iface *i, XrcIni *x)
 	XrcMsg m{};
 	m.type = XrcMsgType::bye;
 	m.ini = x->qp->qp_num;
-	rc_conn_send_xrc(i, x->key, m);  // lost only if the remote iface is gone or flooded
+	uct_xsrc_rc_iface_conn_send_xrc(i, x->key, m);  // lost only if the remote iface is gone or flooded
 	ibv_destroy_qp(x->qp);
 	std::erase(i->inis, x);
 	delete x;
@@ -107,7 +105,7 @@ void reap_tgts(Iface *i)
 	std::vector<XrcKey> gone;
 	for (size_t k = 0; k < i->tgts.size(); ++k) {
 		const XrcKey &key = i->tgts[k]->key;
-		if (std::find(gone.begin(), gone.end(), key) == gone.end() && !rc_conn_iface_alive(i, key))
+		if (std::find(gone.begin(), gone.end(), key) == gone.end() && !uct_xsrc_rc_iface_conn_iface_alive(i, key))
 			gone.push_back(key);
 	}
 	std::erase_if(i->tgts, [&](XrcTgt *t) {
@@ -143,11 +141,11 @@ void on_request(Iface *i, const XrcMsg &m)
 		ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
 		ta.xrcd = i->xrcd;
 		ibv_qp *qp = ibv_create_qp_ex(i->md->ctx, &ta);
-		st = qp ? verbs_qp_init(i, qp) : md_errno_status(errno);
+		st = qp ? uct_xsrc_verbs_qp_init(i, qp) : uct_xsrc_md_errno_status(errno);
 		ibv_gid gid;
 		std::copy(m.from.gid.begin(), m.from.gid.end(), gid.raw);
 		if (st == UCS_OK)
-			st = verbs_qp_connect(i, qp, m.ini, gid, m.lid, false);
+			st = uct_xsrc_verbs_qp_connect(i, qp, m.ini, gid, m.lid, false);
 		if (st == UCS_OK) {
 			found = new XrcTgt{m.from, m.ini, qp};
 			i->tgts.push_back(found);
@@ -157,7 +155,7 @@ void on_request(Iface *i, const XrcMsg &m)
 	}
 	r.status = st;
 	r.tgt = found ? found->qp->qp_num : 0;
-	rc_conn_send_xrc(i, m.from, r);  // lost: the requester asks again
+	uct_xsrc_rc_iface_conn_send_xrc(i, m.from, r);  // lost: the requester asks again
 }
 
 void on_reply(Iface *i, const XrcMsg &m)
@@ -169,9 +167,9 @@ void on_reply(Iface *i, const XrcMsg &m)
 	if (st == UCS_OK && m.tgt == 0)
 		st = UCS_ERR_INVALID_PARAM;
 	if (st == UCS_OK)
-		st = verbs_qp_connect(i, x->qp, m.tgt, x->gid, x->lid);
+		st = uct_xsrc_verbs_qp_connect(i, x->qp, m.tgt, x->gid, x->lid);
 	if (st != UCS_OK) {
-		xrc_ini_fail(i, x, st);
+		uct_xsrc_rc_xrc_ini_fail(i, x, st);
 		return;
 	}
 	x->state = XrcState::connected;
@@ -191,7 +189,7 @@ void on_bye(Iface *i, const XrcMsg &m)
 
 }  // namespace
 
-void xrc_on_msg(Iface *i, const XrcMsg &m)
+void uct_xsrc_rc_xrc_on_msg(Iface *i, const XrcMsg &m)
 {
 	if (!i->cfg.xrc)
 		return;
@@ -202,7 +200,7 @@ void xrc_on_msg(Iface *i, const XrcMsg &m)
 	}
 }
 
-ucs_status_t xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, uint16_t lid)
+ucs_status_t uct_xsrc_rc_xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, uint16_t lid)
 {
 	Iface *i = ep->iface;
 	XrcIni *x = current_ini(i, remote);
@@ -216,8 +214,8 @@ ucs_status_t xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, ui
 		qa.cap.max_send_sge = i->max_sge;
 		ibv_qp *qp = ibv_create_qp_ex(i->md->ctx, &qa);
 		if (!qp)
-			return md_errno_status(errno);
-		ucs_status_t st = verbs_qp_init(i, qp);
+			return uct_xsrc_md_errno_status(errno);
+		ucs_status_t st = uct_xsrc_verbs_qp_init(i, qp);
 		if (st != UCS_OK) {
 			ibv_destroy_qp(qp);
 			return st;
@@ -237,11 +235,11 @@ ucs_status_t xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, ui
 	++x->eps;
 	auto end = std::chrono::steady_clock::now() + connect_wait;
 	while (x->state == XrcState::requesting && std::chrono::steady_clock::now() < end) {
-		rc_conn_poll(i);
+		uct_xsrc_rc_iface_conn_poll(i);
 		if (x->state == XrcState::requesting)
 			sched_yield();
 	}
-	rc_conn_poll(i);  // a request of the peer's that came with its answer
+	uct_xsrc_rc_iface_conn_poll(i);  // a request of the peer's that came with its answer
 	if (x->state == XrcState::failed) {
 		if (--x->eps == 0 && x->sq_avail == i->cfg.sq_len)
 			ini_destroy(i, x);
@@ -255,7 +253,7 @@ ucs_status_t xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, ui
 	return UCS_OK;
 }
 
-void xrc_ep_detach(Ep *ep)
+void uct_xsrc_rc_xrc_ep_detach(Ep *ep)
 {
 	Iface *i = ep->iface;
 	XrcIni *x = ep->ini;
@@ -281,7 +279,7 @@ void xrc_ep_detach(Ep *ep)
 		ini_destroy(i, x);
 }
 
-Ep *xrc_route(Iface *i, uint32_t tgt_qpn, uint32_t src_ep_id)
+Ep *uct_xsrc_rc_xrc_route(Iface *i, uint32_t tgt_qpn, uint32_t src_ep_id)
 {
 	for (XrcTgt *t : i->tgts)
 		if (t->qp->qp_num == tgt_qpn) {
@@ -291,7 +289,7 @@ Ep *xrc_route(Iface *i, uint32_t tgt_qpn, uint32_t src_ep_id)
 	return nullptr;
 }
 
-void xrc_ini_fail(Iface *i, XrcIni *x, ucs_status_t status)
+void uct_xsrc_rc_xrc_ini_fail(Iface *i, XrcIni *x, ucs_status_t status)
 {
 	if (x->state == XrcState::failed || x->state == XrcState::closing)
 		return;
@@ -308,26 +306,26 @@ void xrc_ini_fail(Iface *i, XrcIni *x, ucs_status_t status)
 	for (uint32_t id : ids) {
 		auto it = i->by_id.find(id);
 		if (it != i->by_id.end() && it->second->state != EpState::failed)
-			ep_fail_one(it->second, status, true);
+			uct_xsrc_rc_ep_fail_one(it->second, status, true);
 	}
 }
 
-void xrc_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
+void uct_xsrc_rc_xrc_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 {
 	XrcIni *x = op->ini;
 	if (wc.status != IBV_WC_SUCCESS && x->state == XrcState::connected) {
 		i->vops->handle_failure(i, wc);
-		xrc_ini_fail(i, x, op->ep && op->ep->cancelled ? UCS_ERR_CANCELED : ibv_wc_to_status(wc.status));
+		uct_xsrc_rc_xrc_ini_fail(i, x, op->ep && op->ep->cancelled ? UCS_ERR_CANCELED : uct_xsrc_verbs_wc_status(wc.status));
 	}
 	if (op->ep) {
-		rc_ep_tx_done(i, op, wc);  // returns the work request to the shared count
+		uct_xsrc_rc_ep_tx_done(i, op, wc);  // returns the work request to the shared count
 		return;
 	}
-	op_put(i, op);  // its ep is gone: only the accounting is left
+	uct_xsrc_rc_iface_op_put(i, op);  // its ep is gone: only the accounting is left
 	wr_done(i, x);
 }
 
-unsigned xrc_progress(Iface *i)
+unsigned uct_xsrc_rc_xrc_progress(Iface *i)
 {
 	unsigned n = 0;
 	uint64_t now = 0;
@@ -351,7 +349,7 @@ unsigned xrc_progress(Iface *i)
 	return n;
 }
 
-void xrc_iface_cleanup(Iface *i)
+void uct_xsrc_rc_xrc_iface_cleanup(Iface *i)
 {
 	while (!i->inis.empty())
 		ini_destroy(i, i->inis.back());

@@ -9,20 +9,18 @@
 
 namespace xsrc::uct {
 
-ucs_status_t md_errno_status(int e);
-
 namespace {
 
 ucs_status_t create_cq(VerbsIface *vi, CqDir, unsigned cqe, ibv_cq **cq)
 {
 	*cq = ibv_create_cq(vi->md->ctx, static_cast<int>(cqe), nullptr, vi->channel, 0);
-	return *cq ? UCS_OK : md_errno_status(errno);
+	return *cq ? UCS_OK : uct_xsrc_md_errno_status(errno);
 }
 
 ucs_status_t arm_cq(VerbsIface *vi, CqDir dir, int solicited_only)
 {
 	int rc = ibv_req_notify_cq(vi->cq[static_cast<int>(dir)], solicited_only);
-	return rc == 0 ? UCS_OK : md_errno_status(rc);
+	return rc == 0 ? UCS_OK : uct_xsrc_md_errno_status(rc);
 }
 
 void event_cq(VerbsIface *vi, CqDir dir) { ++vi->cq_events_unacked[static_cast<int>(dir)]; }
@@ -34,14 +32,14 @@ ucs_status_t set_ep_failed(VerbsIface *, uct_ep_h, ucs_status_t) { return UCS_OK
 ucs_status_t create_qp(VerbsIface *vi, ibv_qp_init_attr *attr, ibv_qp **qp)
 {
 	*qp = ibv_create_qp(vi->md->pd, attr);
-	return *qp ? UCS_OK : md_errno_status(errno);
+	return *qp ? UCS_OK : uct_xsrc_md_errno_status(errno);
 }
 
 ucs_status_t rd_init(VerbsIface *vi)
 {
 	vi->channel = ibv_create_comp_channel(vi->md->ctx);
 	if (!vi->channel)
-		return md_errno_status(errno);
+		return uct_xsrc_md_errno_status(errno);
 	int fl = fcntl(vi->channel->fd, F_GETFL);
 	if (fl < 0 || fcntl(vi->channel->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
 		ibv_destroy_comp_channel(vi->channel);
@@ -60,7 +58,7 @@ void rd_cleanup(VerbsIface *vi)
 
 }  // namespace
 
-const VerbsIfaceOps verbs_iface_default_ops = {
+const VerbsIfaceOps uct_xsrc_verbs_iface_default_ops = {
 	.create_cq = create_cq,
 	.arm_cq = arm_cq,
 	.event_cq = event_cq,
@@ -71,7 +69,7 @@ const VerbsIfaceOps verbs_iface_default_ops = {
 	.rd_cleanup = rd_cleanup,
 };
 
-ucs_status_t ibv_wc_to_status(ibv_wc_status s)
+ucs_status_t uct_xsrc_verbs_wc_status(ibv_wc_status s)
 {
 	switch (s) {
 	case IBV_WC_SUCCESS: return UCS_OK;
@@ -86,7 +84,7 @@ ucs_status_t ibv_wc_to_status(ibv_wc_status s)
 	}
 }
 
-ucs_status_t verbs_iface_init(VerbsIface *vi, const VerbsIfaceOps *ops, Md *md, uct_worker_h worker,
+ucs_status_t uct_xsrc_verbs_iface_init(VerbsIface *vi, const VerbsIfaceOps *ops, Md *md, uct_worker_h worker,
 			      const uct_iface_params_t *params, const char *dev_name, unsigned tx_cqe, unsigned rx_cqe)
 {
 	vi->vops = ops;
@@ -138,13 +136,13 @@ ucs_status_t verbs_iface_init(VerbsIface *vi, const VerbsIfaceOps *ops, Md *md, 
 	if (st == UCS_OK)
 		st = ops->create_cq(vi, CqDir::rx, rx_cqe, &vi->cq[1]);
 	if (st != UCS_OK) {
-		verbs_iface_cleanup(vi);
+		uct_xsrc_verbs_iface_cleanup(vi);
 		return st;
 	}
 	return UCS_OK;
 }
 
-void verbs_iface_cleanup(VerbsIface *vi)
+void uct_xsrc_verbs_iface_cleanup(VerbsIface *vi)
 {
 	for (int d = 0; d < 2; ++d) {
 		if (vi->cq[d]) {
@@ -159,7 +157,7 @@ void verbs_iface_cleanup(VerbsIface *vi)
 		vi->vops->rd_cleanup(vi);
 }
 
-unsigned verbs_iface_drain_events(VerbsIface *vi)
+unsigned uct_xsrc_verbs_iface_drain_events(VerbsIface *vi)
 {
 	unsigned n = 0;
 	for (;;) {
@@ -178,7 +176,7 @@ unsigned verbs_iface_drain_events(VerbsIface *vi)
 	return n;
 }
 
-ucs_status_t verbs_qp_init(VerbsIface *vi, ibv_qp *qp)
+ucs_status_t uct_xsrc_verbs_qp_init(VerbsIface *vi, ibv_qp *qp)
 {
 	ibv_qp_attr a{};
 	a.qp_state = IBV_QPS_INIT;
@@ -186,10 +184,10 @@ ucs_status_t verbs_qp_init(VerbsIface *vi, ibv_qp *qp)
 	a.port_num = vi->port;
 	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 	int rc = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-	return rc == 0 ? UCS_OK : md_errno_status(rc);
+	return rc == 0 ? UCS_OK : uct_xsrc_md_errno_status(rc);
 }
 
-ucs_status_t verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remote_qpn, const ibv_gid &remote_gid,
+ucs_status_t uct_xsrc_verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remote_qpn, const ibv_gid &remote_gid,
 			      uint16_t remote_lid, bool to_rts)
 {
 	ibv_qp_attr a{};
@@ -212,7 +210,7 @@ ucs_status_t verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remote_qpn, c
 			   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (rc != 0)
-		return md_errno_status(rc);
+		return uct_xsrc_md_errno_status(rc);
 	if (!to_rts)
 		return UCS_OK;  // an XRC receive QP only receives
 	a = {};
@@ -225,7 +223,7 @@ ucs_status_t verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remote_qpn, c
 	rc = ibv_modify_qp(qp, &a,
 			   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 				   IBV_QP_MAX_QP_RD_ATOMIC);
-	return rc == 0 ? UCS_OK : md_errno_status(rc);
+	return rc == 0 ? UCS_OK : uct_xsrc_md_errno_status(rc);
 }
 
 }  // namespace xsrc::uct

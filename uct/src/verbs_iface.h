@@ -86,6 +86,8 @@ struct Md {
 	char name[UCT_MD_NAME_MAX]{};
 };
 Md *to_md(uct_md_h);
+// The UCX status for a verbs errno.
+ucs_status_t uct_xsrc_md_errno_status(int e);
 
 struct Mr {
 	ibv_mr *mr;
@@ -131,18 +133,18 @@ struct VerbsIface {
 	uct_worker_h worker = nullptr;
 };
 
-extern const VerbsIfaceOps verbs_iface_default_ops;
+extern const VerbsIfaceOps uct_xsrc_verbs_iface_default_ops;
 
-ucs_status_t verbs_iface_init(VerbsIface *, const VerbsIfaceOps *, Md *, uct_worker_h, const uct_iface_params_t *,
+ucs_status_t uct_xsrc_verbs_iface_init(VerbsIface *, const VerbsIfaceOps *, Md *, uct_worker_h, const uct_iface_params_t *,
 			      const char *dev_name, unsigned tx_cqe, unsigned rx_cqe);
-void verbs_iface_cleanup(VerbsIface *);
+void uct_xsrc_verbs_iface_cleanup(VerbsIface *);
 // Move a fresh RC QP to INIT (receives may then be posted).
-ucs_status_t verbs_qp_init(VerbsIface *, ibv_qp *);
+ucs_status_t uct_xsrc_verbs_qp_init(VerbsIface *, ibv_qp *);
 // Move an INIT RC QP to RTS against the remote (qpn, gid).
-ucs_status_t verbs_qp_connect(VerbsIface *, ibv_qp *, uint32_t remote_qpn, const ibv_gid &remote_gid, uint16_t remote_lid,
+ucs_status_t uct_xsrc_verbs_qp_connect(VerbsIface *, ibv_qp *, uint32_t remote_qpn, const ibv_gid &remote_gid, uint16_t remote_lid,
 			      bool to_rts = true);
 // Reads and acknowledges every pending channel event without blocking; returns how many.
-unsigned verbs_iface_drain_events(VerbsIface *);
-ucs_status_t ibv_wc_to_status(ibv_wc_status);
+unsigned uct_xsrc_verbs_iface_drain_events(VerbsIface *);
+ucs_status_t uct_xsrc_verbs_wc_status(ibv_wc_status);
 
 }  // namespace xsrc::uct
