@@ -13,7 +13,10 @@
 // released: a slow receiver throttles its senders and nothing is lost.
 #pragma once
 
+#include "owners.h"
 #include "verbs_iface.h"
+
+#include "common/fd.h"
 
 #include <array>
 #include <compare>
@@ -45,15 +48,21 @@ struct RxDesc {
 	uint32_t src_ep_id;       // XRC: the local ep the message came through (for its grant)
 };
 
+// The head of every receive area: an ep's credit word, alone on its cache line. XRC: the
+// iface's credit area is one such slot per ep.
+inline constexpr size_t credit_slot_size = 64;
+
 // RC: one ep's receive buffers and its credit word, registered together.
-// XRC: an ep's pool is a 64-byte slot of the iface's credit area and holds only its credit
-// word; receive buffers are chunks of the iface's shared receive queue (`shared`), one chunk
-// of rx_queue_len per ep ever created. Both areas are registered once per iface
+// XRC: an ep's pool is a credit_slot_size slot of the iface's credit area and holds only its
+// credit word; receive buffers are chunks of the iface's shared receive queue (`shared`), one
+// chunk of rx_queue_len per ep ever created. Both areas are registered once per iface
 // (`borrowed`): an XRC ep costs the device no object of its own.
 struct RxPool {
-	char *mem = nullptr;
+	char *mem = nullptr;   // own_mem's, or the iface's (borrowed)
 	size_t mem_len = 0;
-	ibv_mr *mr = nullptr;
+	ibv_mr *mr = nullptr;  // own_mr's, or the iface's (borrowed)
+	Mapping own_mem;       // RC: the pool's memory and its registration
+	MrPtr own_mr;
 	std::vector<RxDesc> descs;
 	unsigned held = 0;     // descriptors kept by handlers
 	bool orphan = false;   // the ep is gone: free when the last held descriptor is released
@@ -62,8 +71,7 @@ struct RxPool {
 	unsigned slot = 0;     // XRC credit pools: the slot in the iface's credit area
 	Iface *iface = nullptr;
 	Ep *ep = nullptr;
-	char *buf(unsigned i, size_t seg) const { return mem + 64 + static_cast<size_t>(i) * seg; }
-	volatile uint64_t *credit_word() const { return reinterpret_cast<volatile uint64_t *>(mem); }
+	uint64_t &credit_word() const { return *reinterpret_cast<uint64_t *>(mem); }
 };
 
 enum class EpState : uint8_t { idle, connected, failed };
@@ -148,15 +156,34 @@ struct RcIfaceOps {
 	unsigned (*fc_handler)(Iface *, Ep *);              // credits available for sending to the peer
 };
 
+// The interface's tunables. Their defaults (below) are those of UCX's configuration table
+// (UCX_XSRC_*, rc_iface_config.cpp) and of a zero field of xsrc_uct_iface_config_t.
+#define XSRC_UCT_DFL_RX_QUEUE_LEN 64
+#define XSRC_UCT_DFL_SQ_LEN 128
+#define XSRC_UCT_DFL_TX_OPS 1024
+#define XSRC_UCT_DFL_TX_BUFS 512
+#define XSRC_UCT_DFL_SEG_SIZE 8192
+#define XSRC_UCT_DFL_MAX_EPS 64
+#define XSRC_UCT_DFL_MAX_SHORT 256
+#define XSRC_UCT_DFL_MAX_SGE 8
+#define XSRC_UCT_DFL_CQ_SLACK 16
+#define XSRC_UCT_DFL_XRC_RX_MEM_MAX (size_t{1} << 36)
+
+// The scatter/gather arrays on the send paths are this long: max_sge cannot exceed it.
+inline constexpr unsigned max_sge_limit = 8;
+
 struct IfaceConfig {
-	unsigned rx_queue_len = 64;   // receives per ep = initial send credits of the peer
-	unsigned sq_len = 128;        // send work requests per QP (RC: per ep; XRC: per remote iface)
-	unsigned tx_ops = 1024;       // outstanding operations per iface
-	unsigned tx_bufs = 512;       // bounce buffers per iface
-	size_t seg_size = 8192;       // bounce/receive buffer size (wire header included)
-	unsigned max_eps = 64;
-	size_t max_short = 256;
-	bool xrc = false;             // XRC: QPs shared per remote iface, one shared receive queue (rc_xrc.cpp)
+	unsigned rx_queue_len = XSRC_UCT_DFL_RX_QUEUE_LEN;  // receives per ep = initial send credits of the peer
+	unsigned sq_len = XSRC_UCT_DFL_SQ_LEN;              // send work requests per QP (RC: per ep; XRC: per remote iface)
+	unsigned tx_ops = XSRC_UCT_DFL_TX_OPS;              // outstanding operations per iface
+	unsigned tx_bufs = XSRC_UCT_DFL_TX_BUFS;            // bounce buffers per iface
+	size_t seg_size = XSRC_UCT_DFL_SEG_SIZE;            // bounce/receive buffer size (wire header included)
+	unsigned max_eps = XSRC_UCT_DFL_MAX_EPS;
+	size_t max_short = XSRC_UCT_DFL_MAX_SHORT;
+	unsigned max_sge = XSRC_UCT_DFL_MAX_SGE;            // per work request, at most the device's and max_sge_limit
+	unsigned cq_slack = XSRC_UCT_DFL_CQ_SLACK;          // CQ entries beyond twice the live maximum
+	size_t xrc_rx_mem_max = XSRC_UCT_DFL_XRC_RX_MEM_MAX; // largest XRC receive area an iface reserves
+	bool xrc = false;  // XRC: QPs shared per remote iface, one shared receive queue (rc_xrc.cpp)
 };
 
 struct InternalSlot {
@@ -164,17 +191,24 @@ struct InternalSlot {
 	void *arg = nullptr;
 };
 
+// Members that own a resource are declared so that they go in the reverse order of their
+// making (a registration before its memory, the SRQ before its XRC domain); ~Iface does what
+// must come first (rc_iface.cpp).
 struct Iface : VerbsIface {
+	Iface() = default;
+	Iface(const Iface &) = delete;
+	Iface &operator=(const Iface &) = delete;
+	~Iface();
 	const RcIfaceOps *rops = nullptr;
 	IfaceConfig cfg;
 	// Operation slots; `atomic_words` (registered) holds each slot's 8-byte atomic result.
 	std::vector<TxOp> ops;
 	std::vector<unsigned> free_ops;
-	uint64_t *atomic_words = nullptr;
-	ibv_mr *atomic_mr = nullptr;
+	std::unique_ptr<uint64_t[], FreeDeleter> atomic_words;
+	MrPtr atomic_mr;
 	// Bounce buffers.
-	char *tx_mem = nullptr;
-	ibv_mr *tx_mr = nullptr;
+	Mapping tx_mem;
+	MrPtr tx_mr;
 	std::vector<unsigned> free_bufs;
 	// Endpoints.
 	uint32_t next_ep_id = 1;
@@ -188,14 +222,14 @@ struct Iface : VerbsIface {
 	void *tag_state = nullptr;
 	void *cm_state = nullptr;
 	bool progress_registered = false;
-	ibv_xrcd *xrcd = nullptr;     // XRC mode
-	ibv_srq *srq = nullptr;
+	xsrc::unique_fd epfd;         // uct_iface_event_fd_get: the completion channel and watched fds
+	XrcdPtr xrcd;                 // XRC mode
+	Mapping credit_mem;           // XRC: one credit slot per ep, registered once
+	MrPtr credit_mr;
+	Mapping srq_mem;              // XRC: every chunk's receive buffers, registered once
+	MrPtr srq_mr;
+	SrqPtr srq;
 	std::vector<RxPool *> srq_chunks;
-	char *srq_mem = nullptr;      // XRC: every chunk's receive buffers, registered once
-	size_t srq_mem_len = 0;
-	ibv_mr *srq_mr = nullptr;
-	char *credit_mem = nullptr;   // XRC: one 64-byte credit slot per ep, registered once
-	ibv_mr *credit_mr = nullptr;
 	std::vector<unsigned> free_credit_slots;
 	std::vector<XrcIni *> inis;   // XRC: shared send QPs (current, failed and closing ones)
 	std::vector<XrcTgt *> tgts;   // XRC: receive QPs created for remote send QPs
@@ -203,12 +237,11 @@ struct Iface : VerbsIface {
 	uint32_t conn_pid = 0;        // XRC: this iface's key (with its GID)
 	uint64_t xrc_reap_ns = 0;     // XRC: when receive QPs of vanished ifaces were last looked for
 	std::unordered_map<uint32_t, Ep *> by_id;
-	int epfd = -1;        // uct_iface_event_fd_get: the completion channel and watched fds
-	int conn_fd = -1;     // connect-to-iface requests (rc_iface_conn.cpp)
-	unsigned conn_tick = 0; // progress calls; the socket is read on every 16th
-	char conn_name[24]{}; // its abstract socket name = the iface address
+	xsrc::unique_fd conn_fd;      // connect-to-iface requests (rc_iface_conn.cpp)
+	unsigned conn_tick = 0;       // progress calls; the socket is read on every conn_poll_every-th
+	char conn_name[24]{};         // its abstract socket name = the iface address
 	unsigned conn_seq = 0;                     // the socket's number (its name: pid and this)
-	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by uct_xsrc_rc_iface_conn_poll
+	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by conn_poll
 	unsigned progress_depth = 0;
 };
 
@@ -245,9 +278,20 @@ extern const uct_iface_ops_t uct_xsrc_rc_iface_tl_ops;
 inline Iface *iface_of(uct_iface_h h) { return reinterpret_cast<Iface *>(h); }
 inline Ep *ep_of(uct_ep_h h) { return reinterpret_cast<Ep *>(h); }
 
-// rc_iface.cpp
+// rc_iface.cpp: open, close, query, addresses; op slots and bounce buffers.
 ucs_status_t uct_xsrc_rc_iface_open(Md *, uct_worker_h, const uct_iface_params_t *, const IfaceConfig &, uct_iface_h *);
+// rc_iface_progress.cpp: completions, progress, events, iface flush and fence.
 unsigned uct_xsrc_rc_iface_progress(uct_iface_h);
+void uct_xsrc_rc_iface_progress_enable(uct_iface_h, unsigned flags);
+void uct_xsrc_rc_iface_progress_disable(uct_iface_h, unsigned flags);
+ucs_status_t uct_xsrc_rc_iface_flush(uct_iface_h, unsigned flags, uct_completion_t *);
+ucs_status_t uct_xsrc_rc_iface_fence(uct_iface_h, unsigned flags);
+ucs_status_t uct_xsrc_rc_iface_event_fd_get(uct_iface_h, int *fd_p);
+ucs_status_t uct_xsrc_rc_iface_event_arm(uct_iface_h, unsigned events);
+extern const VerbsIfaceOps uct_xsrc_rc_iface_verbs_ops;
+// rc_iface_rx.cpp: receive pools, flow control (uct_xsrc_rc_iface_default_ops), receipt.
+size_t uct_xsrc_rc_iface_srq_chunk_len(const Iface *);  // an XRC ep's part of the shared receive area
+void uct_xsrc_rc_rx_pool_free(RxPool *);
 // Op slots and bounce buffers; both give null/-1 when exhausted.
 TxOp *uct_xsrc_rc_iface_op_get(Iface *, OpKind, Ep *);
 void uct_xsrc_rc_iface_op_put(Iface *, TxOp *);
@@ -255,6 +299,8 @@ uint64_t uct_xsrc_rc_iface_op_wr_id(Iface *, const TxOp *);
 int uct_xsrc_rc_iface_buf_get(Iface *);
 void uct_xsrc_rc_iface_buf_put(Iface *, int);
 char *uct_xsrc_rc_iface_buf_addr(Iface *, int);
+// The scatter/gather entry for the first `length` bytes of bounce buffer `buf`.
+inline ibv_sge uct_xsrc_rc_iface_buf_sge(Iface *i, int buf, uint32_t length);
 void uct_xsrc_rc_iface_comp_done(uct_completion_t *, ucs_status_t);
 void uct_xsrc_rc_ep_pending_dispatch(Ep *);
 
@@ -297,6 +343,23 @@ inline uint64_t &uct_xsrc_rc_iface_op_word(Iface *i, TxOp *op) { return i->atomi
 // atomic (compare_add, swap). op stays the caller's on failure.
 ucs_status_t uct_xsrc_rc_ep_post_word(Ep *, TxOp *, ibv_wr_opcode, uint64_t remote_addr, uint32_t rkey,
 			     uint64_t compare_add = 0, uint64_t swap = 0);
+// Whether the ep may start an operation now; `credit`: it needs a receive at the peer.
+ucs_status_t uct_xsrc_rc_ep_tx_check(Ep *, bool credit);
+// uct_xsrc_rc_ep_tx_check, then a bounce buffer (UCS_ERR_NO_RESOURCE when none is free).
+ucs_status_t uct_xsrc_rc_ep_tx_reserve(Ep *, bool credit, int *buf);
+// Scatter/gather entries from a UCT iov (each entry `count` times, `stride` apart).
+ucs_status_t uct_xsrc_rc_ep_iov_to_sge(const uct_iov_t *iov, size_t iovcnt, ibv_sge *sge, unsigned max, unsigned *n,
+				       size_t *total);
+// Takes an op of `kind` and posts a send or RDMA work request for it (the op goes back on
+// failure); buf: its bounce buffer or -1; *op_out: the op, for the caller to complete.
+ucs_status_t uct_xsrc_rc_ep_post_rdma(Ep *, OpKind kind, ibv_wr_opcode opcode, ibv_sge *sge, unsigned nsge,
+				      uint64_t remote_addr, uct_rkey_t rkey, uct_completion_t *comp, int buf,
+				      TxOp **op_out = nullptr);
+// rc_ep_atomic.cpp: an emulated atomic's completion (word: the value seen). True when it went
+// round again (posted anew); else the result is delivered, or *st says why not.
+bool uct_xsrc_rc_ep_atomic_done(Ep *, TxOp *, uint64_t word, ucs_status_t *st);
+// Writes `value` into the peer's credit word (a grant, or an ep_check probe); op of `kind`.
+ucs_status_t uct_xsrc_rc_ep_write_credit(Ep *, OpKind kind, uint64_t value);
 ucs_status_t uct_xsrc_rc_ep_send_msg(Ep *, MsgKind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed);
 size_t uct_xsrc_rc_ep_addr_len();
 // rc_iface_conn.cpp: ep_create to an iface address (UCT_IFACE_FLAG_CONNECT_TO_IFACE).
@@ -344,5 +407,10 @@ void uct_xsrc_rc_xrc_tx_done(Iface *, TxOp *, const ibv_wc &);  // accounting fo
 void uct_xsrc_rc_xrc_ini_fail(Iface *, XrcIni *, ucs_status_t);
 unsigned uct_xsrc_rc_xrc_progress(Iface *);
 void uct_xsrc_rc_xrc_iface_cleanup(Iface *);
+
+inline ibv_sge uct_xsrc_rc_iface_buf_sge(Iface *i, int buf, uint32_t length)
+{
+	return {reinterpret_cast<uintptr_t>(uct_xsrc_rc_iface_buf_addr(i, buf)), length, i->tx_mr->lkey};
+}
 
 }  // namespace xsrc::uct

@@ -12,6 +12,8 @@
 // number in its socket name, so an ep address names its iface in 8 bytes.
 #include "rc_iface.h"
 
+#include "common/atomic.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -86,7 +88,7 @@ ucs_status_t send_msg(Iface *i, const char *to, const ConnMsg &m)
 {
 	socklen_t len;
 	sockaddr_un a = sun_of(to, &len);
-	if (sendto(i->conn_fd, &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) == sizeof(m))
+	if (sendto(i->conn_fd.get(), &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) == sizeof(m))
 		return UCS_OK;
 	return errno == EAGAIN ? UCS_ERR_NO_RESOURCE : UCS_ERR_UNREACHABLE;
 }
@@ -97,7 +99,7 @@ ssize_t recv_one(Iface *i, ConnMsg &m)
 {
 	sockaddr_un from{};
 	socklen_t from_len = sizeof(from);
-	ssize_t r = recvfrom(i->conn_fd, &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&from), &from_len);
+	ssize_t r = recvfrom(i->conn_fd.get(), &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&from), &from_len);
 	if (r == sizeof(m) && m.magic == conn_magic && is_xrc(m.type)) {
 		XrcKey k;
 		k.pid = m.pid;
@@ -204,7 +206,7 @@ bool uct_xsrc_rc_iface_conn_iface_alive(Iface *i, const XrcKey &k)
 	socklen_t len;
 	sockaddr_un a = sun_of(name, &len);
 	// An empty datagram: a live iface ignores it; nobody bound to the name refuses it.
-	return !(sendto(i->conn_fd, "", 0, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) < 0 &&
+	return !(sendto(i->conn_fd.get(), "", 0, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) < 0 &&
 		 errno == ECONNREFUSED);
 }
 
@@ -212,7 +214,7 @@ void uct_xsrc_rc_iface_conn_poll(Iface *i)
 {
 	ConnMsg m;
 	ssize_t r;
-	while (i->conn_fd >= 0 && (r = recv_one(i, m)) >= 0) {
+	while (i->conn_fd && (r = recv_one(i, m)) >= 0) {
 		if (r != sizeof(m) || m.magic != conn_magic)
 			continue;
 		if (is_xrc(m.type))
@@ -226,28 +228,25 @@ ucs_status_t uct_xsrc_rc_iface_conn_open(Iface *i)
 {
 	static unsigned counter;
 	i->conn_pid = static_cast<uint32_t>(getpid());
-	i->conn_seq = __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED);
+	i->conn_seq = xsrc::atomic(counter).fetch_add(1, std::memory_order_relaxed);
 	snprintf(i->conn_name, sizeof(i->conn_name), "%s%u-%u", addr_prefix, i->conn_pid, i->conn_seq);
-	i->conn_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (i->conn_fd < 0)
+	xsrc::unique_fd fd(socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+	if (!fd)
 		return UCS_ERR_IO_ERROR;
 	socklen_t len;
 	sockaddr_un a = sun_of(i->conn_name, &len);
-	if (bind(i->conn_fd, reinterpret_cast<sockaddr *>(&a), len) != 0) {
-		close(i->conn_fd);
-		i->conn_fd = -1;
+	if (bind(fd.get(), reinterpret_cast<sockaddr *>(&a), len) != 0)
 		return UCS_ERR_IO_ERROR;
-	}
-	return iface_watch_fd(i, i->conn_fd, true);
+	i->conn_fd = std::move(fd);
+	return iface_watch_fd(i, i->conn_fd.get(), true);
 }
 
 void uct_xsrc_rc_iface_conn_close(Iface *i)
 {
-	if (i->conn_fd < 0)
+	if (!i->conn_fd)
 		return;
-	iface_watch_fd(i, i->conn_fd, false);
-	close(i->conn_fd);
-	i->conn_fd = -1;
+	iface_watch_fd(i, i->conn_fd.get(), false);
+	i->conn_fd.reset();
 }
 
 ucs_status_t uct_xsrc_rc_iface_conn_get_address(Iface *i, uct_iface_addr_t *addr)
@@ -306,7 +305,7 @@ unsigned uct_xsrc_rc_iface_conn_progress(Iface *i)
 			memcpy(&m, i->conn_deferred.front().data(), sizeof(m));
 			i->conn_deferred.pop_front();
 			r = sizeof(m);
-		} else if (i->conn_fd < 0 || (r = recv_one(i, m)) < 0) {
+		} else if (!i->conn_fd || (r = recv_one(i, m)) < 0) {
 			break;
 		}
 		++n;

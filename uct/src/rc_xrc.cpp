@@ -139,7 +139,7 @@ void on_request(Iface *i, const XrcMsg &m)
 		ibv_qp_init_attr_ex ta{};
 		ta.qp_type = IBV_QPT_XRC_RECV;
 		ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-		ta.xrcd = i->xrcd;
+		ta.xrcd = i->xrcd.get();
 		ibv_qp *qp = ibv_create_qp_ex(i->md->ctx, &ta);
 		st = qp ? uct_xsrc_verbs_qp_init(i, qp) : uct_xsrc_md_errno_status(errno);
 		ibv_gid gid;

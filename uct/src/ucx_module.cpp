@@ -10,6 +10,8 @@
 // set. XSRC_UCT_REGISTER=0 keeps it out on purpose.
 #include "ucx_module.h"
 
+#include "rc_iface_config.h"
+
 #include <xsrc/uct.h>
 
 #include <ucs/sys/stubs.h>
@@ -133,13 +135,13 @@ ucs_status_t tl_query_devices(uct_md_h md, UcxTlDeviceResource **devices_p, unsi
 // only), then anonymous mappings, then the heap; the result is registered with the md.
 constexpr uct_alloc_method_t iface_alloc_methods[] = {UCT_ALLOC_METHOD_MMAP, UCT_ALLOC_METHOD_HEAP};
 
-// config: this transport's (empty) UCX configuration; the shim's defaults apply.
+// config: from uct_md_iface_config_read (the transport's table, UCX_XSRC_*: rc_iface_config.cpp).
 ucs_status_t tl_iface_open(uct_md_h md, uct_worker_h worker, const uct_iface_params_t *params,
-			   const uct_iface_config_t *, uct_iface_h *iface_p)
+			   const uct_iface_config_t *config, uct_iface_h *iface_p)
 {
 	if (!md || !params || !iface_p)
 		return UCS_ERR_INVALID_PARAM;
-	ucs_status_t st = xsrc_uct_iface_open(md, worker, params, nullptr, iface_p);
+	ucs_status_t st = xsrc_uct_iface_open(md, worker, params, config, iface_p);
 	if (st != UCS_OK)
 		return st;
 	// libuct's base-iface helpers (uct_iface_mem_alloc) use these as UCX's own ifaces set them.
@@ -152,12 +154,11 @@ ucs_status_t tl_iface_open(uct_md_h md, uct_worker_h worker, const uct_iface_par
 	return UCS_OK;
 }
 
-// --- Configuration: no options of its own yet; valid, empty tables -------------------------------
+// --- Configuration: the md has no options of its own (a valid, empty table) -------------------
 struct EmptyConfig {
 	char reserved;  // C structures cannot be empty (UCX's uct_md_config_t has the same)
 };
 ucs_config_field_t md_config_table[] = {{nullptr, nullptr, nullptr, 0, {}}};
-ucs_config_field_t tl_config_table[] = {{nullptr, nullptr, nullptr, 0, {}}};
 
 UcxComponent component = {
 	.name = XSRC_UCT_TL_NAME,
@@ -169,7 +170,7 @@ UcxComponent component = {
 	.rkey_release = component_rkey_release,
 	.md_config = {"xsrc memory domain", "XSRC_", md_config_table, sizeof(EmptyConfig), {}},
 	.cm_config = {"", "", nullptr, 0, {}},  // UCX's empty entry (UCS_CONFIG_EMPTY_GLOBAL_LIST_ENTRY)
-	.tl_list = {},
+	.tl_list = {&component.tl_list, &component.tl_list},  // empty until registered (uct_find_tl walks it)
 	.list = {},
 	.flags = 0,
 	.md_vfs_init = component_md_vfs_init,
@@ -179,7 +180,7 @@ UcxTl transport = {
 	.name = XSRC_UCT_TL_NAME,
 	.query_devices = tl_query_devices,
 	.iface_open = tl_iface_open,
-	.config = {"xsrc transport", "XSRC_", tl_config_table, sizeof(EmptyConfig), {}},
+	.config = {"xsrc transport", "XSRC_", uct_xsrc_iface_config_table, sizeof(UcxIfaceConfig), {}},
 	.list = {},
 };
 

@@ -118,7 +118,15 @@ struct VerbsIfaceOps {
 	void (*rd_cleanup)(VerbsIface *);
 };
 
+struct VerbsIface;
+void uct_xsrc_verbs_iface_cleanup(VerbsIface *);
+
+// Owns its completion channel and CQs (made through vops): the destructor frees them.
 struct VerbsIface {
+	VerbsIface() = default;
+	VerbsIface(const VerbsIface &) = delete;
+	VerbsIface &operator=(const VerbsIface &) = delete;
+	~VerbsIface() { uct_xsrc_verbs_iface_cleanup(this); }
 	UcxBaseIface base;  // must stay first
 	const VerbsIfaceOps *vops = nullptr;
 	Md *md = nullptr;
@@ -137,7 +145,6 @@ extern const VerbsIfaceOps uct_xsrc_verbs_iface_default_ops;
 
 ucs_status_t uct_xsrc_verbs_iface_init(VerbsIface *, const VerbsIfaceOps *, Md *, uct_worker_h, const uct_iface_params_t *,
 			      const char *dev_name, unsigned tx_cqe, unsigned rx_cqe);
-void uct_xsrc_verbs_iface_cleanup(VerbsIface *);
 // Move a fresh RC QP to INIT (receives may then be posted).
 ucs_status_t uct_xsrc_verbs_qp_init(VerbsIface *, ibv_qp *);
 // Move an INIT RC QP to RTS against the remote (qpn, gid).
