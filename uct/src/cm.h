@@ -29,15 +29,15 @@
 // What the module relies on from the core (requested of uctcore; 1-5 are done):
 //  1. xsrc_uct_iface_open with open_mode UCT_IFACE_OPEN_MODE_SOCKADDR_SERVER (or _CLIENT):
 //     mode is a union, so mode.device is absent: the md's device, port 1, and
-//     cm_iface_init() as for DEVICE mode (it reads params->mode.sockaddr).
-//  2. iface_query calls cm_iface_query() (max_conn_priv, listen_sockaddr and
+//     uct_xsrc_cm_iface_init() as for DEVICE mode (it reads params->mode.sockaddr).
+//  2. iface_query calls uct_xsrc_cm_iface_query() (max_conn_priv, listen_sockaddr and
 //     UCT_IFACE_FLAG_CONNECT_TO_SOCKADDR).
-//  3. ep_create calls cm_ep_create() when field_mask has UCT_EP_PARAM_FIELD_SOCKADDR or
-//     UCT_EP_PARAM_FIELD_CONN_REQUEST. cm_ep_create creates the data ep through
+//  3. ep_create calls uct_xsrc_cm_ep_create() when field_mask has UCT_EP_PARAM_FIELD_SOCKADDR or
+//     UCT_EP_PARAM_FIELD_CONN_REQUEST. uct_xsrc_cm_ep_create creates the data ep through
 //     iface->ops.ep_create with field_mask = UCT_EP_PARAM_FIELD_IFACE only (the plain path).
-//  4. ep_destroy calls cm_ep_destroy() for every ep before it is freed (eps whose
+//  4. ep_destroy calls uct_xsrc_cm_ep_destroy() for every ep before it is freed (eps whose
 //     ep_cm_state is null are ignored).
-//  5. iface close calls cm_iface_cleanup() before the eps are destroyed; it destroys the
+//  5. iface close calls uct_xsrc_cm_iface_cleanup() before the eps are destroyed; it destroys the
 //     eps it still owns (accepted but never adopted) through iface->ops.ep_destroy.
 //  6. DONE (uctcore: iface_watch_fd in internal.h, EPOLLIN). A hook to add an fd to the iface's event fd (e.g.
 //     iface_watch_fd(Iface *, int fd, bool on)) so TCP readiness wakes
@@ -51,16 +51,16 @@
 
 namespace xsrc::uct {
 
-ucs_status_t cm_iface_init(Iface *, const uct_iface_params_t *);
-void cm_iface_cleanup(Iface *);
-void cm_iface_query(Iface *, uct_iface_attr_t *);
-unsigned cm_iface_progress(Iface *);
-ucs_status_t cm_ep_create(const uct_ep_params_t *, uct_ep_h *);
-void cm_ep_destroy(Ep *);
-ucs_status_t cm_ep_connect(uct_ep_h, const uct_ep_connect_params_t *);
-ucs_status_t cm_ep_disconnect(uct_ep_h, unsigned);
-ucs_status_t cm_ep_conn_notify(uct_ep_h);
-ucs_status_t cm_iface_accept(uct_iface_h, uct_conn_request_h);
-ucs_status_t cm_iface_reject(uct_iface_h, uct_conn_request_h);
+ucs_status_t uct_xsrc_cm_iface_init(Iface *, const uct_iface_params_t *);
+void uct_xsrc_cm_iface_cleanup(Iface *);
+void uct_xsrc_cm_iface_query(Iface *, uct_iface_attr_t *);
+unsigned uct_xsrc_cm_iface_progress(Iface *);
+ucs_status_t uct_xsrc_cm_ep_create(const uct_ep_params_t *, uct_ep_h *);
+void uct_xsrc_cm_ep_destroy(Ep *);
+ucs_status_t uct_xsrc_cm_ep_connect(uct_ep_h, const uct_ep_connect_params_t *);
+ucs_status_t uct_xsrc_cm_ep_disconnect(uct_ep_h, unsigned);
+ucs_status_t uct_xsrc_cm_ep_conn_notify(uct_ep_h);
+ucs_status_t uct_xsrc_cm_iface_accept(uct_iface_h, uct_conn_request_h);
+ucs_status_t uct_xsrc_cm_iface_reject(uct_iface_h, uct_conn_request_h);
 
 }  // namespace xsrc::uct

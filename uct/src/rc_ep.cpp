@@ -174,7 +174,7 @@ ucs_status_t uct_xsrc_rc_ep_create(const uct_ep_params_t *params, uct_ep_h *ep_p
 		return UCS_ERR_INVALID_PARAM;
 	uint64_t fm = params->field_mask;
 	if (fm & (UCT_EP_PARAM_FIELD_SOCKADDR | UCT_EP_PARAM_FIELD_CM | UCT_EP_PARAM_FIELD_CONN_REQUEST))
-		return cm_ep_create(params, ep_p);
+		return uct_xsrc_cm_ep_create(params, ep_p);
 	if (!(fm & UCT_EP_PARAM_FIELD_IFACE) || !params->iface)
 		return UCS_ERR_INVALID_PARAM;
 	Iface *i = iface_of(params->iface);
@@ -232,7 +232,7 @@ void uct_xsrc_rc_ep_destroy(uct_ep_h tl_ep)
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
 	tag_ep_failed(i, ep, UCS_ERR_CANCELED);
-	cm_ep_destroy(ep);
+	uct_xsrc_cm_ep_destroy(ep);
 	i->eps.erase(std::find(i->eps.begin(), i->eps.end(), ep));
 	i->by_id.erase(ep->id);
 	if (ep->qp) {

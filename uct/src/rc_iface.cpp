@@ -211,14 +211,14 @@ const uct_iface_ops_t uct_xsrc_rc_iface_tl_ops = {
 	.ep_fence = uct_xsrc_rc_ep_fence,
 	.ep_check = uct_xsrc_rc_ep_check,
 	.ep_create = uct_xsrc_rc_ep_create,
-	.ep_connect = cm_ep_connect,
-	.ep_disconnect = cm_ep_disconnect,
-	.cm_ep_conn_notify = cm_ep_conn_notify,
+	.ep_connect = uct_xsrc_cm_ep_connect,
+	.ep_disconnect = uct_xsrc_cm_ep_disconnect,
+	.cm_ep_conn_notify = uct_xsrc_cm_ep_conn_notify,
 	.ep_destroy = uct_xsrc_rc_ep_destroy,
 	.ep_get_address = uct_xsrc_rc_ep_get_address,
 	.ep_connect_to_ep = uct_xsrc_rc_ep_connect_to_ep,
-	.iface_accept = cm_iface_accept,
-	.iface_reject = cm_iface_reject,
+	.iface_accept = uct_xsrc_cm_iface_accept,
+	.iface_reject = uct_xsrc_cm_iface_reject,
 	.iface_flush = uct_xsrc_rc_iface_flush,
 	.iface_fence = uct_xsrc_rc_iface_fence,
 	.iface_progress_enable = uct_xsrc_rc_iface_progress_enable,
@@ -247,7 +247,7 @@ void uct_xsrc_rc_iface_close(uct_iface_h h)
 {
 	Iface *i = iface_of(h);
 	tag_iface_cleanup(i);
-	cm_iface_cleanup(i);
+	uct_xsrc_cm_iface_cleanup(i);
 	if (i->progress_registered)
 		uct_worker_progress_unregister_safe(i->worker, &i->base.prog.id);
 	i->progress_registered = false;
@@ -325,7 +325,7 @@ ucs_status_t uct_xsrc_rc_iface_query(uct_iface_h h, uct_iface_attr_t *attr)
 	attr->max_num_eps = i->cfg.max_eps;
 	attr->dev_num_paths = 1;
 	tag_iface_query(i, attr);  // after cap.get: the tag limits follow get_zcopy's
-	cm_iface_query(i, attr);   // max_conn_priv, listen_sockaddr, CONNECT_TO_SOCKADDR
+	uct_xsrc_cm_iface_query(i, attr);   // max_conn_priv, listen_sockaddr, CONNECT_TO_SOCKADDR
 	return UCS_OK;
 }
 
@@ -490,7 +490,7 @@ ucs_status_t uct_xsrc_rc_iface_open(Md *md, uct_worker_h worker, const uct_iface
 	if (st == UCS_OK) {
 		st = tag_iface_init(i.get(), params);
 		if (st == UCS_OK)
-			st = cm_iface_init(i.get(), params);
+			st = uct_xsrc_cm_iface_init(i.get(), params);
 		if (st != UCS_OK)
 			tag_iface_cleanup(i.get());
 	}

@@ -179,7 +179,7 @@ unsigned uct_xsrc_rc_iface_progress(uct_iface_h h)
 	if (i->cfg.xrc)
 		count += uct_xsrc_rc_xrc_progress(i);
 	count += tag_iface_progress(i);
-	count += cm_iface_progress(i);
+	count += uct_xsrc_cm_iface_progress(i);
 	--i->progress_depth;
 	return count;
 }
