@@ -22,12 +22,12 @@ uct_ep_h to_uct(Ep *);
 
 // Internal messages travel in the shim's wire header beside the user's AM id and never
 // reach user AM handlers.
+// The values are on the wire: never renumber one. Free: 4-7 for the tag module, 8-11 for the
+// cm module (it has needed no in-band message so far), 16 and up for the core (credit grants
+// and ep_check probes are RDMA writes, emulated atomics compare-and-swap loops: none yet).
 enum class MsgKind : uint8_t {
 	user_am = 0,
-	tag_eager = 1, tag_rndv_rts = 2, tag_rndv_ats = 3, tag_rndv_cancel = 4, tag_rsvd5 = 5, tag_rsvd6 = 6, tag_rsvd7 = 7,
-	cm_0 = 8, cm_1 = 9, cm_2 = 10, cm_3 = 11,  // for the cm module if it needs in-band messages
-	// 16 and up: the core's own. (Credit grants and ep_check probes are RDMA writes, not
-	// messages, and emulated atomics are compare-and-swap loops: none is used yet.)
+	tag_eager = 1, tag_rndv_rts = 2, tag_rndv_ats = 3,
 };
 inline constexpr unsigned msg_kind_count = 32;
 

@@ -1,6 +1,7 @@
 // The memory domain: a verbs device and PD; registration, remote-key packing. Every md is a
 // UCX 1.13.1 uct_md_t (ucx_module.h), so libuct's uct_md_* work on it as well as ours.
 #include "ucx_module.h"
+#include "owners.h"
 #include "verbs_iface.h"
 
 #include <xsrc/uct.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 
 namespace xsrc::uct {
@@ -22,7 +24,7 @@ struct MdObject {
 	Md md;
 };
 
-MdObject *md_object(Md *md) { return reinterpret_cast<MdObject *>(reinterpret_cast<char *>(md) - offsetof(MdObject, md)); }
+MdObject *uct_xsrc_md_object(Md *md) { return reinterpret_cast<MdObject *>(reinterpret_cast<char *>(md) - offsetof(MdObject, md)); }
 
 }  // namespace
 
@@ -39,11 +41,9 @@ Md *to_md(uct_md_h h)
 	return &reinterpret_cast<MdObject *>(h)->md;
 }
 
-uct_md_h md_handle(Md *md) { return md ? reinterpret_cast<uct_md_h>(&md_object(md)->ucx) : nullptr; }
+uct_md_h md_handle(Md *md) { return md ? reinterpret_cast<uct_md_h>(&uct_xsrc_md_object(md)->ucx) : nullptr; }
 
-namespace {
-
-ucs_status_t errno_status(int e)
+ucs_status_t uct_xsrc_md_errno_status(int e)
 {
 	switch (e) {
 	case ENOMEM: return UCS_ERR_NO_MEMORY;
@@ -55,12 +55,12 @@ ucs_status_t errno_status(int e)
 	}
 }
 
+namespace {
+
 constexpr int mr_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 			  IBV_ACCESS_REMOTE_ATOMIC;
 
 }  // namespace
-
-ucs_status_t uct_xsrc_md_errno_status(int e) { return errno_status(e); }
 
 }  // namespace xsrc::uct
 
@@ -73,20 +73,14 @@ ucs_status_t xsrc_uct_query_md_resources(uct_md_resource_desc_t **resources_p, u
 	if (!resources_p || !num_resources_p)
 		return UCS_ERR_INVALID_PARAM;
 	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
-	if (!list) {
+	DeviceListPtr list(ibv_get_device_list(&n));
+	if (!list)
 		n = 0;
-	}
 	auto *res = static_cast<uct_md_resource_desc_t *>(calloc(n > 0 ? n : 1, sizeof(uct_md_resource_desc_t)));
-	if (!res) {
-		if (list)
-			ibv_free_device_list(list);
+	if (!res)
 		return UCS_ERR_NO_MEMORY;
-	}
 	for (int i = 0; i < n; ++i)
-		snprintf(res[i].md_name, sizeof(res[i].md_name), "%s", ibv_get_device_name(list[i]));
-	if (list)
-		ibv_free_device_list(list);
+		snprintf(res[i].md_name, sizeof(res[i].md_name), "%s", ibv_get_device_name(list.get()[i]));
 	*resources_p = res;
 	*num_resources_p = static_cast<unsigned>(n);
 	return UCS_OK;
@@ -99,40 +93,32 @@ ucs_status_t xsrc_uct_md_open(const char *md_name, const uct_md_config_t *, uct_
 	if (!md_name || !md_p)
 		return UCS_ERR_INVALID_PARAM;
 	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
+	DeviceListPtr list(ibv_get_device_list(&n));
 	if (!list)
 		return UCS_ERR_NO_DEVICE;
 	ibv_device *dev = nullptr;
 	for (int i = 0; i < n; ++i)
-		if (strcmp(ibv_get_device_name(list[i]), md_name) == 0)
-			dev = list[i];
-	if (!dev) {
-		ibv_free_device_list(list);
+		if (strcmp(ibv_get_device_name(list.get()[i]), md_name) == 0)
+			dev = list.get()[i];
+	if (!dev)
 		return UCS_ERR_NO_DEVICE;
-	}
-	auto *obj = new (std::nothrow) MdObject();
-	if (!obj) {
-		ibv_free_device_list(list);
+	std::unique_ptr<MdObject> obj(new (std::nothrow) MdObject());
+	if (!obj)
 		return UCS_ERR_NO_MEMORY;
-	}
+	ContextPtr ctx(ibv_open_device(dev));
+	if (!ctx)
+		return uct_xsrc_md_errno_status(errno);
+	Md *md = &obj->md;
+	PdPtr pd;
+	if (ibv_query_device(ctx.get(), &md->dev_attr) != 0 || !(pd = PdPtr(ibv_alloc_pd(ctx.get()))))
+		return uct_xsrc_md_errno_status(errno);
 	obj->ucx.ops = &md_ops;
 	obj->ucx.component = ucx_component();
-	Md *md = &obj->md;
-	md->ctx = ibv_open_device(dev);
-	ibv_free_device_list(list);
-	if (!md->ctx) {
-		ucs_status_t st = errno_status(errno);
-		delete obj;
-		return st;
-	}
-	if (ibv_query_device(md->ctx, &md->dev_attr) != 0 || !(md->pd = ibv_alloc_pd(md->ctx))) {
-		ucs_status_t st = errno_status(errno);
-		ibv_close_device(md->ctx);
-		delete obj;
-		return st;
-	}
+	md->ctx = ctx.release();  // xsrc_uct_md_close frees them
+	md->pd = pd.release();
 	snprintf(md->name, sizeof(md->name), "%s", md_name);
 	*md_p = md_handle(md);
+	obj.release();
 	return UCS_OK;
 }
 
@@ -143,7 +129,7 @@ void xsrc_uct_md_close(uct_md_h h)
 		return;
 	ibv_dealloc_pd(md->pd);
 	ibv_close_device(md->ctx);
-	delete md_object(md);
+	delete uct_xsrc_md_object(md);
 }
 
 ucs_status_t xsrc_uct_md_query(uct_md_h h, uct_md_attr_t *attr)
@@ -171,7 +157,7 @@ ucs_status_t xsrc_uct_md_mem_reg(uct_md_h h, void *address, size_t length, unsig
 		return UCS_ERR_INVALID_PARAM;
 	ibv_mr *mr = ibv_reg_mr(md->pd, address, length, mr_access);
 	if (!mr)
-		return errno_status(errno);
+		return uct_xsrc_md_errno_status(errno);
 	auto *m = new (std::nothrow) Mr{mr};
 	if (!m) {
 		ibv_dereg_mr(mr);
@@ -188,7 +174,7 @@ ucs_status_t xsrc_uct_md_mem_dereg(uct_md_h h, uct_mem_h memh)
 	auto *m = static_cast<Mr *>(memh);
 	int rc = ibv_dereg_mr(m->mr);
 	if (rc != 0)
-		return errno_status(rc);
+		return uct_xsrc_md_errno_status(rc);
 	delete m;
 	return UCS_OK;
 }
@@ -263,19 +249,19 @@ namespace xsrc::uct {
 
 namespace {
 
-void ucx_md_close(uct_md_h md) { xsrc_uct_md_close(md); }
+void uct_xsrc_md_ucx_close(uct_md_h md) { xsrc_uct_md_close(md); }
 
 // Registration only: memory comes from the caller (UCX's heap/mmap allocation methods).
-ucs_status_t ucx_md_mem_alloc(uct_md_h, size_t *, void **, ucs_memory_type_t, unsigned, const char *, uct_mem_h *)
+ucs_status_t uct_xsrc_md_ucx_mem_alloc(uct_md_h, size_t *, void **, ucs_memory_type_t, unsigned, const char *, uct_mem_h *)
 {
 	return UCS_ERR_UNSUPPORTED;
 }
 
-ucs_status_t ucx_md_mem_free(uct_md_h, uct_mem_h) { return UCS_ERR_UNSUPPORTED; }
+ucs_status_t uct_xsrc_md_ucx_mem_free(uct_md_h, uct_mem_h) { return UCS_ERR_UNSUPPORTED; }
 
-ucs_status_t ucx_md_mem_advise(uct_md_h, uct_mem_h, void *, size_t, unsigned) { return UCS_ERR_UNSUPPORTED; }
+ucs_status_t uct_xsrc_md_ucx_mem_advise(uct_md_h, uct_mem_h, void *, size_t, unsigned) { return UCS_ERR_UNSUPPORTED; }
 
-ucs_status_t ucx_md_mem_dereg(uct_md_h md, const UcxMemDeregParams *params)
+ucs_status_t uct_xsrc_md_ucx_mem_dereg(uct_md_h md, const UcxMemDeregParams *params)
 {
 	if (!params || !(params->field_mask & ucx_mem_dereg_field_memh))
 		return UCS_ERR_INVALID_PARAM;
@@ -286,7 +272,7 @@ ucs_status_t ucx_md_mem_dereg(uct_md_h md, const UcxMemDeregParams *params)
 }
 
 // Every address this md can register is host memory.
-ucs_status_t ucx_md_mem_query(uct_md_h md, const void *address, size_t length, uct_md_mem_attr_t *attr)
+ucs_status_t uct_xsrc_md_ucx_mem_query(uct_md_h md, const void *address, size_t length, uct_md_mem_attr_t *attr)
 {
 	if (!to_md(md) || !address || !attr)
 		return UCS_ERR_INVALID_PARAM;
@@ -301,7 +287,7 @@ ucs_status_t ucx_md_mem_query(uct_md_h md, const void *address, size_t length, u
 	return UCS_OK;
 }
 
-ucs_status_t ucx_md_mkey_pack(uct_md_h md, uct_mem_h memh, const UcxMkeyPackParams *params, void *rkey_buffer)
+ucs_status_t uct_xsrc_md_ucx_mkey_pack(uct_md_h md, uct_mem_h memh, const UcxMkeyPackParams *params, void *rkey_buffer)
 {
 	if (params && (params->field_mask & ucx_mkey_pack_field_flags) && (params->flags & ucx_mkey_pack_flag_invalidate))
 		return UCS_ERR_UNSUPPORTED;
@@ -309,9 +295,9 @@ ucs_status_t ucx_md_mkey_pack(uct_md_h md, uct_mem_h memh, const UcxMkeyPackPara
 }
 
 // Connections by socket address go through the shim's own connection manager, not the md.
-int ucx_md_is_sockaddr_accessible(uct_md_h, const ucs_sock_addr_t *, uct_sockaddr_accessibility_t) { return 0; }
+int uct_xsrc_md_ucx_is_sockaddr_accessible(uct_md_h, const ucs_sock_addr_t *, uct_sockaddr_accessibility_t) { return 0; }
 
-ucs_status_t ucx_md_detect_memory_type(uct_md_h md, const void *addr, size_t, ucs_memory_type_t *mem_type_p)
+ucs_status_t uct_xsrc_md_ucx_detect_memory_type(uct_md_h md, const void *addr, size_t, ucs_memory_type_t *mem_type_p)
 {
 	if (!to_md(md) || !addr || !mem_type_p)
 		return UCS_ERR_INVALID_PARAM;
@@ -322,17 +308,17 @@ ucs_status_t ucx_md_detect_memory_type(uct_md_h md, const void *addr, size_t, uc
 }  // namespace
 
 const UcxMdOps md_ops = {
-	.close = ucx_md_close,
+	.close = uct_xsrc_md_ucx_close,
 	.query = xsrc_uct_md_query,
-	.mem_alloc = ucx_md_mem_alloc,
-	.mem_free = ucx_md_mem_free,
-	.mem_advise = ucx_md_mem_advise,
+	.mem_alloc = uct_xsrc_md_ucx_mem_alloc,
+	.mem_free = uct_xsrc_md_ucx_mem_free,
+	.mem_advise = uct_xsrc_md_ucx_mem_advise,
 	.mem_reg = xsrc_uct_md_mem_reg,
-	.mem_dereg = ucx_md_mem_dereg,
-	.mem_query = ucx_md_mem_query,
-	.mkey_pack = ucx_md_mkey_pack,
-	.is_sockaddr_accessible = ucx_md_is_sockaddr_accessible,
-	.detect_memory_type = ucx_md_detect_memory_type,
+	.mem_dereg = uct_xsrc_md_ucx_mem_dereg,
+	.mem_query = uct_xsrc_md_ucx_mem_query,
+	.mkey_pack = uct_xsrc_md_ucx_mkey_pack,
+	.is_sockaddr_accessible = uct_xsrc_md_ucx_is_sockaddr_accessible,
+	.detect_memory_type = uct_xsrc_md_ucx_detect_memory_type,
 };
 
 }  // namespace xsrc::uct

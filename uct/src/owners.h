@@ -22,6 +22,9 @@ struct VerbsDeleter {
 	}
 };
 
+using ContextPtr = std::unique_ptr<ibv_context, VerbsDeleter<ibv_close_device>>;
+using PdPtr = std::unique_ptr<ibv_pd, VerbsDeleter<ibv_dealloc_pd>>;
+using DeviceListPtr = std::unique_ptr<ibv_device *, VerbsDeleter<ibv_free_device_list>>;
 using MrPtr = std::unique_ptr<ibv_mr, VerbsDeleter<ibv_dereg_mr>>;
 using SrqPtr = std::unique_ptr<ibv_srq, VerbsDeleter<ibv_destroy_srq>>;
 // (ibv_close_xrcd is an inline function of verbs.h: no template argument.)

@@ -48,18 +48,18 @@ struct ConnMsg {
 	uint32_t ini, tgt;
 };
 
-bool is_xrc(uint8_t type)
+bool uct_xsrc_rc_iface_conn_is_xrc(uint8_t type)
 {
 	return type >= static_cast<uint8_t>(XrcMsgType::request) && type <= static_cast<uint8_t>(XrcMsgType::bye);
 }
 
 // The socket name of the iface with key `k` (as uct_xsrc_rc_iface_conn_open names it).
-void name_of(const XrcKey &k, char (&name)[sizeof(IfaceAddr::name)])
+void uct_xsrc_rc_iface_conn_name_of(const XrcKey &k, char (&name)[sizeof(IfaceAddr::name)])
 {
 	snprintf(name, sizeof(name), "%s%u-%u", addr_prefix, k.pid, k.seq);
 }
 
-void handle_xrc(Iface *i, const ConnMsg &m)
+void uct_xsrc_rc_iface_conn_handle_xrc(Iface *i, const ConnMsg &m)
 {
 	XrcMsg x{};
 	x.type = static_cast<XrcMsgType>(m.type);
@@ -74,7 +74,7 @@ void handle_xrc(Iface *i, const ConnMsg &m)
 	uct_xsrc_rc_xrc_on_msg(i, x);
 }
 
-sockaddr_un sun_of(const char *name, socklen_t *len)
+sockaddr_un uct_xsrc_rc_iface_conn_sun_of(const char *name, socklen_t *len)
 {
 	sockaddr_un a{};
 	a.sun_family = AF_UNIX;
@@ -84,10 +84,10 @@ sockaddr_un sun_of(const char *name, socklen_t *len)
 	return a;
 }
 
-ucs_status_t send_msg(Iface *i, const char *to, const ConnMsg &m)
+ucs_status_t uct_xsrc_rc_iface_conn_send_msg(Iface *i, const char *to, const ConnMsg &m)
 {
 	socklen_t len;
-	sockaddr_un a = sun_of(to, &len);
+	sockaddr_un a = uct_xsrc_rc_iface_conn_sun_of(to, &len);
 	if (sendto(i->conn_fd.get(), &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) == sizeof(m))
 		return UCS_OK;
 	return errno == EAGAIN ? UCS_ERR_NO_RESOURCE : UCS_ERR_UNREACHABLE;
@@ -95,26 +95,26 @@ ucs_status_t send_msg(Iface *i, const char *to, const ConnMsg &m)
 
 // One message. An XRC message must come from the socket of the iface it names as its sender
 // (abstract names are bound exclusively): another is dropped as forged.
-ssize_t recv_one(Iface *i, ConnMsg &m)
+ssize_t uct_xsrc_rc_iface_conn_recv_one(Iface *i, ConnMsg &m)
 {
 	sockaddr_un from{};
 	socklen_t from_len = sizeof(from);
 	ssize_t r = recvfrom(i->conn_fd.get(), &m, sizeof(m), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&from), &from_len);
-	if (r == sizeof(m) && m.magic == conn_magic && is_xrc(m.type)) {
+	if (r == sizeof(m) && m.magic == conn_magic && uct_xsrc_rc_iface_conn_is_xrc(m.type)) {
 		XrcKey k;
 		k.pid = m.pid;
 		k.seq = m.seq;
 		char name[sizeof(IfaceAddr::name)];
-		name_of(k, name);
+		uct_xsrc_rc_iface_conn_name_of(k, name);
 		socklen_t want_len;
-		sockaddr_un want = sun_of(name, &want_len);
+		sockaddr_un want = uct_xsrc_rc_iface_conn_sun_of(name, &want_len);
 		if (from_len != want_len || memcmp(&from, &want, want_len) != 0)
 			m.magic = 0;
 	}
 	return r;
 }
 
-void fill_self(Iface *i, Ep *ep, ConnMsg &m)
+void uct_xsrc_rc_iface_conn_fill_self(Iface *i, Ep *ep, ConnMsg &m)
 {
 	uct_iface_get_device_address(to_uct(i), reinterpret_cast<uct_device_addr_t *>(m.dev));
 	if (ep)
@@ -122,7 +122,7 @@ void fill_self(Iface *i, Ep *ep, ConnMsg &m)
 	memcpy(m.from, i->conn_name, sizeof(m.from));
 }
 
-void on_request(Iface *i, const ConnMsg &req)
+void uct_xsrc_rc_iface_conn_on_request(Iface *i, const ConnMsg &req)
 {
 	ConnMsg rep{};
 	rep.magic = conn_magic;
@@ -143,18 +143,18 @@ void on_request(Iface *i, const ConnMsg &req)
 	if (h) {
 		ep_of(h)->passive = true;
 		rep.type = static_cast<uint8_t>(ConnType::reply);
-		fill_self(i, ep_of(h), rep);
+		uct_xsrc_rc_iface_conn_fill_self(i, ep_of(h), rep);
 	} else {
 		rep.type = static_cast<uint8_t>(ConnType::reject);
 		rep.status = st;
-		fill_self(i, nullptr, rep);
+		uct_xsrc_rc_iface_conn_fill_self(i, nullptr, rep);
 	}
 	char to[sizeof(req.from) + 1]{};
 	memcpy(to, req.from, sizeof(req.from));
-	send_msg(i, to, rep);  // lost only if the initiator is gone
+	uct_xsrc_rc_iface_conn_send_msg(i, to, rep);  // lost only if the initiator is gone
 }
 
-void on_answer(Iface *i, const ConnMsg &m)
+void uct_xsrc_rc_iface_conn_on_answer(Iface *i, const ConnMsg &m)
 {
 	Ep *ep = nullptr;
 	for (Ep *e : i->eps)
@@ -189,22 +189,22 @@ ucs_status_t uct_xsrc_rc_iface_conn_send_xrc(Iface *i, const XrcKey &to, const X
 	m.magic = conn_magic;
 	m.type = static_cast<uint8_t>(x.type);
 	m.status = x.status;
-	fill_self(i, nullptr, m);
+	uct_xsrc_rc_iface_conn_fill_self(i, nullptr, m);
 	m.pid = i->conn_pid;
 	m.seq = i->conn_seq;
 	m.ini = x.ini;
 	m.tgt = x.tgt;
 	char name[sizeof(IfaceAddr::name)];
-	name_of(to, name);
-	return send_msg(i, name, m);
+	uct_xsrc_rc_iface_conn_name_of(to, name);
+	return uct_xsrc_rc_iface_conn_send_msg(i, name, m);
 }
 
 bool uct_xsrc_rc_iface_conn_iface_alive(Iface *i, const XrcKey &k)
 {
 	char name[sizeof(IfaceAddr::name)];
-	name_of(k, name);
+	uct_xsrc_rc_iface_conn_name_of(k, name);
 	socklen_t len;
-	sockaddr_un a = sun_of(name, &len);
+	sockaddr_un a = uct_xsrc_rc_iface_conn_sun_of(name, &len);
 	// An empty datagram: a live iface ignores it; nobody bound to the name refuses it.
 	return !(sendto(i->conn_fd.get(), "", 0, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&a), len) < 0 &&
 		 errno == ECONNREFUSED);
@@ -214,11 +214,11 @@ void uct_xsrc_rc_iface_conn_poll(Iface *i)
 {
 	ConnMsg m;
 	ssize_t r;
-	while (i->conn_fd && (r = recv_one(i, m)) >= 0) {
+	while (i->conn_fd && (r = uct_xsrc_rc_iface_conn_recv_one(i, m)) >= 0) {
 		if (r != sizeof(m) || m.magic != conn_magic)
 			continue;
-		if (is_xrc(m.type))
-			handle_xrc(i, m);
+		if (uct_xsrc_rc_iface_conn_is_xrc(m.type))
+			uct_xsrc_rc_iface_conn_handle_xrc(i, m);
 		else
 			i->conn_deferred.emplace_back(reinterpret_cast<char *>(&m), reinterpret_cast<char *>(&m) + sizeof(m));
 	}
@@ -234,7 +234,7 @@ ucs_status_t uct_xsrc_rc_iface_conn_open(Iface *i)
 	if (!fd)
 		return UCS_ERR_IO_ERROR;
 	socklen_t len;
-	sockaddr_un a = sun_of(i->conn_name, &len);
+	sockaddr_un a = uct_xsrc_rc_iface_conn_sun_of(i->conn_name, &len);
 	if (bind(fd.get(), reinterpret_cast<sockaddr *>(&a), len) != 0)
 		return UCS_ERR_IO_ERROR;
 	i->conn_fd = std::move(fd);
@@ -283,10 +283,10 @@ ucs_status_t uct_xsrc_rc_iface_conn_ep_create(Iface *i, const uct_device_addr_t 
 	req.magic = conn_magic;
 	req.type = static_cast<uint8_t>(ConnType::request);
 	req.token = ep_of(h)->id;
-	fill_self(i, ep_of(h), req);
+	uct_xsrc_rc_iface_conn_fill_self(i, ep_of(h), req);
 	IfaceAddr a;
 	memcpy(&a, iface_addr, sizeof(a));
-	st = send_msg(i, a.name, req);
+	st = uct_xsrc_rc_iface_conn_send_msg(i, a.name, req);
 	if (st != UCS_OK) {
 		uct_xsrc_rc_ep_destroy(h);
 		return st;
@@ -305,18 +305,18 @@ unsigned uct_xsrc_rc_iface_conn_progress(Iface *i)
 			memcpy(&m, i->conn_deferred.front().data(), sizeof(m));
 			i->conn_deferred.pop_front();
 			r = sizeof(m);
-		} else if (!i->conn_fd || (r = recv_one(i, m)) < 0) {
+		} else if (!i->conn_fd || (r = uct_xsrc_rc_iface_conn_recv_one(i, m)) < 0) {
 			break;
 		}
 		++n;
 		if (r != sizeof(m) || m.magic != conn_magic)
 			continue;  // not ours: ignore
-		if (is_xrc(m.type))
-			handle_xrc(i, m);
+		if (uct_xsrc_rc_iface_conn_is_xrc(m.type))
+			uct_xsrc_rc_iface_conn_handle_xrc(i, m);
 		else if (static_cast<ConnType>(m.type) == ConnType::request)
-			on_request(i, m);
+			uct_xsrc_rc_iface_conn_on_request(i, m);
 		else
-			on_answer(i, m);
+			uct_xsrc_rc_iface_conn_on_answer(i, m);
 	}
 	return n;
 }

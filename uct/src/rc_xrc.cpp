@@ -36,14 +36,14 @@ constexpr auto connect_wait = std::chrono::milliseconds(100);
 constexpr uint64_t request_retry_ns = 1000000000;  // a lost or unanswered request is sent again
 constexpr uint64_t reap_ns = 1000000000;           // how often receive QPs of vanished ifaces are looked for
 
-uint64_t now_ns()
+uint64_t uct_xsrc_rc_xrc_now_ns()
 {
 	timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-XrcIni *current_ini(Iface *i, const XrcKey &k)
+XrcIni *uct_xsrc_rc_xrc_current_ini(Iface *i, const XrcKey &k)
 {
 	for (XrcIni *x : i->inis)
 		if (x->key == k && (x->state == XrcState::requesting || x->state == XrcState::connected))
@@ -51,7 +51,7 @@ XrcIni *current_ini(Iface *i, const XrcKey &k)
 	return nullptr;
 }
 
-XrcIni *ini_by_qpn(Iface *i, const XrcKey &k, uint32_t qpn)
+XrcIni *uct_xsrc_rc_xrc_ini_by_qpn(Iface *i, const XrcKey &k, uint32_t qpn)
 {
 	for (XrcIni *x : i->inis)
 		if (x->key == k && x->qp->qp_num == qpn)
@@ -59,19 +59,19 @@ XrcIni *ini_by_qpn(Iface *i, const XrcKey &k, uint32_t qpn)
 	return nullptr;
 }
 
-void send_request(Iface *i, XrcIni *x)
+void uct_xsrc_rc_xrc_send_request(Iface *i, XrcIni *x)
 {
 	XrcMsg m{};
 	m.type = XrcMsgType::request;
 	m.ini = x->qp->qp_num;
 	ucs_status_t st = uct_xsrc_rc_iface_conn_send_xrc(i, x->key, m);
 	x->request_unsent = st == UCS_ERR_NO_RESOURCE;
-	x->request_ns = now_ns();
+	x->request_ns = uct_xsrc_rc_xrc_now_ns();
 	if (st != UCS_OK && st != UCS_ERR_NO_RESOURCE)
 		uct_xsrc_rc_xrc_ini_fail(i, x, UCS_ERR_UNREACHABLE);  // no such iface (any more)
 }
 
-void ini_destroy(Iface *i, XrcIni *x)
+void uct_xsrc_rc_xrc_ini_destroy(Iface *i, XrcIni *x)
 {
 	XrcMsg m{};
 	m.type = XrcMsgType::bye;
@@ -83,14 +83,14 @@ void ini_destroy(Iface *i, XrcIni *x)
 }
 
 // A send work request of `x` is done (its op slot already returned).
-void wr_done(Iface *i, XrcIni *x)
+void uct_xsrc_rc_xrc_wr_done(Iface *i, XrcIni *x)
 {
 	++x->sq_avail;
 	if (x->eps == 0 && x->sq_avail == i->cfg.sq_len)
-		ini_destroy(i, x);
+		uct_xsrc_rc_xrc_ini_destroy(i, x);
 }
 
-void tgt_destroy(Iface *i, XrcTgt *t)
+void uct_xsrc_rc_xrc_tgt_destroy(Iface *i, XrcTgt *t)
 {
 	ibv_destroy_qp(t->qp);
 	std::erase(i->tgts, t);
@@ -99,9 +99,9 @@ void tgt_destroy(Iface *i, XrcTgt *t)
 
 // Destroys the receive QPs of remote ifaces whose socket nobody has any more (closed without
 // saying bye, or their process died).
-void reap_tgts(Iface *i)
+void uct_xsrc_rc_xrc_reap_tgts(Iface *i)
 {
-	i->xrc_reap_ns = now_ns();
+	i->xrc_reap_ns = uct_xsrc_rc_xrc_now_ns();
 	std::vector<XrcKey> gone;
 	for (size_t k = 0; k < i->tgts.size(); ++k) {
 		const XrcKey &key = i->tgts[k]->key;
@@ -119,9 +119,9 @@ void reap_tgts(Iface *i)
 
 // A remote iface needs one receive QP (two while it replaces its send QP): more than two per
 // possible ep is refused.
-size_t tgt_limit(const Iface *i) { return 2 * static_cast<size_t>(i->cfg.max_eps); }
+size_t uct_xsrc_rc_xrc_tgt_limit(const Iface *i) { return 2 * static_cast<size_t>(i->cfg.max_eps); }
 
-void on_request(Iface *i, const XrcMsg &m)
+void uct_xsrc_rc_xrc_on_request(Iface *i, const XrcMsg &m)
 {
 	XrcMsg r{};
 	r.type = XrcMsgType::reply;
@@ -131,9 +131,9 @@ void on_request(Iface *i, const XrcMsg &m)
 		if (t->key == m.from && t->remote_ini == m.ini)
 			found = t;  // a repeated request: the same answer
 	ucs_status_t st = UCS_OK;
-	if (!found && i->tgts.size() >= tgt_limit(i))
-		reap_tgts(i);
-	if (!found && i->tgts.size() >= tgt_limit(i)) {
+	if (!found && i->tgts.size() >= uct_xsrc_rc_xrc_tgt_limit(i))
+		uct_xsrc_rc_xrc_reap_tgts(i);
+	if (!found && i->tgts.size() >= uct_xsrc_rc_xrc_tgt_limit(i)) {
 		st = UCS_ERR_EXCEEDS_LIMIT;
 	} else if (!found) {
 		ibv_qp_init_attr_ex ta{};
@@ -158,9 +158,9 @@ void on_request(Iface *i, const XrcMsg &m)
 	uct_xsrc_rc_iface_conn_send_xrc(i, m.from, r);  // lost: the requester asks again
 }
 
-void on_reply(Iface *i, const XrcMsg &m)
+void uct_xsrc_rc_xrc_on_reply(Iface *i, const XrcMsg &m)
 {
-	XrcIni *x = ini_by_qpn(i, m.from, m.ini);
+	XrcIni *x = uct_xsrc_rc_xrc_ini_by_qpn(i, m.from, m.ini);
 	if (!x || x->state != XrcState::requesting)
 		return;  // a repeated answer, or the QP is gone
 	ucs_status_t st = static_cast<ucs_status_t>(m.status);
@@ -178,11 +178,11 @@ void on_reply(Iface *i, const XrcMsg &m)
 			ep->state = EpState::connected;  // progress dispatches what they queued
 }
 
-void on_bye(Iface *i, const XrcMsg &m)
+void uct_xsrc_rc_xrc_on_bye(Iface *i, const XrcMsg &m)
 {
 	for (XrcTgt *t : i->tgts)
 		if (t->key == m.from && t->remote_ini == m.ini) {
-			tgt_destroy(i, t);
+			uct_xsrc_rc_xrc_tgt_destroy(i, t);
 			return;
 		}
 }
@@ -194,16 +194,16 @@ void uct_xsrc_rc_xrc_on_msg(Iface *i, const XrcMsg &m)
 	if (!i->cfg.xrc)
 		return;
 	switch (m.type) {
-	case XrcMsgType::request: on_request(i, m); break;
-	case XrcMsgType::reply: on_reply(i, m); break;
-	case XrcMsgType::bye: on_bye(i, m); break;
+	case XrcMsgType::request: uct_xsrc_rc_xrc_on_request(i, m); break;
+	case XrcMsgType::reply: uct_xsrc_rc_xrc_on_reply(i, m); break;
+	case XrcMsgType::bye: uct_xsrc_rc_xrc_on_bye(i, m); break;
 	}
 }
 
 ucs_status_t uct_xsrc_rc_xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_gid &gid, uint16_t lid)
 {
 	Iface *i = ep->iface;
-	XrcIni *x = current_ini(i, remote);
+	XrcIni *x = uct_xsrc_rc_xrc_current_ini(i, remote);
 	if (!x) {
 		ibv_qp_init_attr_ex qa{};
 		qa.qp_type = IBV_QPT_XRC_SEND;
@@ -227,7 +227,7 @@ ucs_status_t uct_xsrc_rc_xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_
 		x->qp = qp;
 		x->sq_avail = i->cfg.sq_len;
 		i->inis.push_back(x);
-		send_request(i, x);
+		uct_xsrc_rc_xrc_send_request(i, x);
 	}
 	// The peer answers from its progress, or from its own connect_to_ep (both ends usually
 	// connect at about the same time): wait a little, answering requests meanwhile. The count
@@ -242,7 +242,7 @@ ucs_status_t uct_xsrc_rc_xrc_ep_connect(Ep *ep, const XrcKey &remote, const ibv_
 	uct_xsrc_rc_iface_conn_poll(i);  // a request of the peer's that came with its answer
 	if (x->state == XrcState::failed) {
 		if (--x->eps == 0 && x->sq_avail == i->cfg.sq_len)
-			ini_destroy(i, x);
+			uct_xsrc_rc_xrc_ini_destroy(i, x);
 		return UCS_ERR_UNREACHABLE;
 	}
 	ep->ini = x;
@@ -276,7 +276,7 @@ void uct_xsrc_rc_xrc_ep_detach(Ep *ep)
 		}
 	}
 	if (x->sq_avail == i->cfg.sq_len)
-		ini_destroy(i, x);
+		uct_xsrc_rc_xrc_ini_destroy(i, x);
 }
 
 Ep *uct_xsrc_rc_xrc_route(Iface *i, uint32_t tgt_qpn, uint32_t src_ep_id)
@@ -322,7 +322,7 @@ void uct_xsrc_rc_xrc_tx_done(Iface *i, TxOp *op, const ibv_wc &wc)
 		return;
 	}
 	uct_xsrc_rc_iface_op_put(i, op);  // its ep is gone: only the accounting is left
-	wr_done(i, x);
+	uct_xsrc_rc_xrc_wr_done(i, x);
 }
 
 unsigned uct_xsrc_rc_xrc_progress(Iface *i)
@@ -334,17 +334,17 @@ unsigned uct_xsrc_rc_xrc_progress(Iface *i)
 		if (x->state != XrcState::requesting)
 			continue;
 		if (!now)
-			now = now_ns();
+			now = uct_xsrc_rc_xrc_now_ns();
 		if (x->request_unsent || now - x->request_ns >= request_retry_ns) {
-			send_request(i, x);
+			uct_xsrc_rc_xrc_send_request(i, x);
 			++n;
 		}
 	}
 	if (!i->tgts.empty()) {
 		if (!now)
-			now = now_ns();
+			now = uct_xsrc_rc_xrc_now_ns();
 		if (now - i->xrc_reap_ns >= reap_ns)
-			reap_tgts(i);
+			uct_xsrc_rc_xrc_reap_tgts(i);
 	}
 	return n;
 }
@@ -352,9 +352,9 @@ unsigned uct_xsrc_rc_xrc_progress(Iface *i)
 void uct_xsrc_rc_xrc_iface_cleanup(Iface *i)
 {
 	while (!i->inis.empty())
-		ini_destroy(i, i->inis.back());
+		uct_xsrc_rc_xrc_ini_destroy(i, i->inis.back());
 	while (!i->tgts.empty())
-		tgt_destroy(i, i->tgts.back());
+		uct_xsrc_rc_xrc_tgt_destroy(i, i->tgts.back());
 	i->xrc_route.clear();
 }
 

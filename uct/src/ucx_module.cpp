@@ -40,8 +40,8 @@ namespace xsrc::uct {
 
 namespace {
 
-void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void log_line(const char *fmt, ...)
+void uct_xsrc_ucx_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void uct_xsrc_ucx_log(const char *fmt, ...)
 {
 	if (!getenv("XSRC_UCT_DEBUG"))
 		return;
@@ -54,7 +54,7 @@ void log_line(const char *fmt, ...)
 }
 
 // --- The component ------------------------------------------------------------------------------
-ucs_status_t component_query_md_resources(UcxComponent *, uct_md_resource_desc_t **resources_p, unsigned *num_p)
+ucs_status_t uct_xsrc_component_query_md_resources(UcxComponent *, uct_md_resource_desc_t **resources_p, unsigned *num_p)
 {
 	uct_md_resource_desc_t *res = nullptr;
 	unsigned n = 0;
@@ -73,19 +73,19 @@ ucs_status_t component_query_md_resources(UcxComponent *, uct_md_resource_desc_t
 	return UCS_OK;
 }
 
-ucs_status_t component_md_open(UcxComponent *, const char *md_name, const uct_md_config_t *config, uct_md_h *md_p)
+ucs_status_t uct_xsrc_component_md_open(UcxComponent *, const char *md_name, const uct_md_config_t *config, uct_md_h *md_p)
 {
 	return xsrc_uct_md_open(md_name, config, md_p);
 }
 
 // The shim's connection manager is reached through its iface (sockaddr open modes), not as a
 // UCX uct_cm_h: the component does not set UCT_COMPONENT_FLAG_CM.
-ucs_status_t component_cm_open(UcxComponent *, uct_worker_h, const uct_cm_config_t *, uct_cm_h *)
+ucs_status_t uct_xsrc_component_cm_open(UcxComponent *, uct_worker_h, const uct_cm_config_t *, uct_cm_h *)
 {
 	return UCS_ERR_UNSUPPORTED;
 }
 
-ucs_status_t component_rkey_unpack(UcxComponent *, const void *rkey_buffer, uct_rkey_t *rkey_p, void **handle_p)
+ucs_status_t uct_xsrc_component_rkey_unpack(UcxComponent *, const void *rkey_buffer, uct_rkey_t *rkey_p, void **handle_p)
 {
 	if (!rkey_p || !handle_p)
 		return UCS_ERR_INVALID_PARAM;
@@ -99,14 +99,14 @@ ucs_status_t component_rkey_unpack(UcxComponent *, const void *rkey_buffer, uct_
 }
 
 // Remote memory is reached by RDMA only; it is never mapped into this process.
-ucs_status_t component_rkey_ptr(UcxComponent *, uct_rkey_t, void *, uint64_t, void **) { return UCS_ERR_UNSUPPORTED; }
+ucs_status_t uct_xsrc_component_rkey_ptr(UcxComponent *, uct_rkey_t, void *, uint64_t, void **) { return UCS_ERR_UNSUPPORTED; }
 
-ucs_status_t component_rkey_release(UcxComponent *, uct_rkey_t, void *) { return UCS_OK; }
+ucs_status_t uct_xsrc_component_rkey_release(UcxComponent *, uct_rkey_t, void *) { return UCS_OK; }
 
-void component_md_vfs_init(uct_md_h) {}
+void uct_xsrc_component_md_vfs_init(uct_md_h) {}
 
 // --- The transport --------------------------------------------------------------------------
-ucs_status_t tl_query_devices(uct_md_h md, UcxTlDeviceResource **devices_p, unsigned *num_p)
+ucs_status_t uct_xsrc_tl_query_devices(uct_md_h md, UcxTlDeviceResource **devices_p, unsigned *num_p)
 {
 	if (!devices_p || !num_p)
 		return UCS_ERR_INVALID_PARAM;
@@ -136,7 +136,7 @@ ucs_status_t tl_query_devices(uct_md_h md, UcxTlDeviceResource **devices_p, unsi
 constexpr uct_alloc_method_t iface_alloc_methods[] = {UCT_ALLOC_METHOD_MMAP, UCT_ALLOC_METHOD_HEAP};
 
 // config: from uct_md_iface_config_read (the transport's table, UCX_XSRC_*: rc_iface_config.cpp).
-ucs_status_t tl_iface_open(uct_md_h md, uct_worker_h worker, const uct_iface_params_t *params,
+ucs_status_t uct_xsrc_tl_iface_open(uct_md_h md, uct_worker_h worker, const uct_iface_params_t *params,
 			   const uct_iface_config_t *config, uct_iface_h *iface_p)
 {
 	if (!md || !params || !iface_p)
@@ -162,41 +162,44 @@ ucs_config_field_t md_config_table[] = {{nullptr, nullptr, nullptr, 0, {}}};
 
 UcxComponent component = {
 	.name = XSRC_UCT_TL_NAME,
-	.query_md_resources = component_query_md_resources,
-	.md_open = component_md_open,
-	.cm_open = component_cm_open,
-	.rkey_unpack = component_rkey_unpack,
-	.rkey_ptr = component_rkey_ptr,
-	.rkey_release = component_rkey_release,
+	.query_md_resources = uct_xsrc_component_query_md_resources,
+	.md_open = uct_xsrc_component_md_open,
+	.cm_open = uct_xsrc_component_cm_open,
+	.rkey_unpack = uct_xsrc_component_rkey_unpack,
+	.rkey_ptr = uct_xsrc_component_rkey_ptr,
+	.rkey_release = uct_xsrc_component_rkey_release,
 	.md_config = {"xsrc memory domain", "XSRC_", md_config_table, sizeof(EmptyConfig), {}},
 	.cm_config = {"", "", nullptr, 0, {}},  // UCX's empty entry (UCS_CONFIG_EMPTY_GLOBAL_LIST_ENTRY)
 	.tl_list = {&component.tl_list, &component.tl_list},  // empty until registered (uct_find_tl walks it)
 	.list = {},
 	.flags = 0,
-	.md_vfs_init = component_md_vfs_init,
+	.md_vfs_init = uct_xsrc_component_md_vfs_init,
 };
 
 UcxTl transport = {
 	.name = XSRC_UCT_TL_NAME,
-	.query_devices = tl_query_devices,
-	.iface_open = tl_iface_open,
+	.query_devices = uct_xsrc_tl_query_devices,
+	.iface_open = uct_xsrc_tl_iface_open,
 	.config = {"xsrc transport", "XSRC_", uct_xsrc_iface_config_table, sizeof(UcxIfaceConfig), {}},
 	.list = {},
 };
 
 bool registered = false;
 
+// A longer component list is taken for a corrupt one (UCX 1.13 has about a dozen components).
+constexpr unsigned component_list_max = 256;
+
 // --- The guard --------------------------------------------------------------------------------
 template <typename F>
-const void *addr(F *f)
+const void *uct_xsrc_ucx_fn_addr(F *f)
 {
 	return reinterpret_cast<const void *>(f);
 }
 
-bool list_linked(const ucs_list_link_t *l) { return l->next && l->prev && l->next->prev == l && l->prev->next == l; }
+bool uct_xsrc_ucx_list_linked(const ucs_list_link_t *l) { return l->next && l->prev && l->next->prev == l && l->prev->next == l; }
 
 // UCX's version, from libucp (libuct and libucs carry none). Null if libucp is not loaded.
-bool ucx_version(unsigned *major, unsigned *minor, unsigned *release)
+bool uct_xsrc_ucx_version(unsigned *major, unsigned *minor, unsigned *release)
 {
 	using GetVersion = void (*)(unsigned *, unsigned *, unsigned *);
 	auto get = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "ucp_get_version"));
@@ -209,7 +212,7 @@ bool ucx_version(unsigned *major, unsigned *minor, unsigned *release)
 // Reads UCX's built-in "self" component, transport and md through our declarations and
 // compares them with what UCX 1.13.1's self.c puts there. Returns null when they match, or
 // what differs.
-const char *layout_check()
+const char *uct_xsrc_ucx_layout_check()
 {
 	const ucs_class_t &iface_class = uct_base_iface_t_class;
 	if (!iface_class.name || strcmp(iface_class.name, "uct_base_iface_t") != 0)
@@ -218,12 +221,12 @@ const char *layout_check()
 	if (iface_class.size != offsetof(UcxBaseIface, stats) && iface_class.size != sizeof(UcxBaseIface))
 		return "the size of uct_base_iface_t";
 
-	if (!list_linked(&uct_components_list))
+	if (!uct_xsrc_ucx_list_linked(&uct_components_list))
 		return "uct_components_list";
 	UcxComponent *self = nullptr;
 	unsigned count = 0;
 	for (ucs_list_link_t *l = uct_components_list.next; l != &uct_components_list; l = l->next) {
-		if (++count > 256 || !list_linked(l))
+		if (++count > component_list_max || !uct_xsrc_ucx_list_linked(l))
 			return "the component list";
 		auto *c = reinterpret_cast<UcxComponent *>(reinterpret_cast<char *>(l) - offsetof(UcxComponent, list));
 		if (strncmp(c->name, "self", sizeof(c->name)) == 0) {
@@ -233,16 +236,16 @@ const char *layout_check()
 	}
 	if (!self)
 		return "uct_component_t (no \"self\" component found through its list entry)";
-	if (addr(self->query_md_resources) != addr(uct_md_query_single_md_resource) ||
-	    addr(self->cm_open) != addr(ucs_empty_function_return_unsupported) ||
-	    addr(self->rkey_ptr) != addr(ucs_empty_function_return_unsupported) ||
-	    addr(self->rkey_release) != addr(ucs_empty_function_return_success) ||
-	    addr(self->md_vfs_init) != addr(ucs_empty_function) || self->flags != 0)
+	if (uct_xsrc_ucx_fn_addr(self->query_md_resources) != uct_xsrc_ucx_fn_addr(uct_md_query_single_md_resource) ||
+	    uct_xsrc_ucx_fn_addr(self->cm_open) != uct_xsrc_ucx_fn_addr(ucs_empty_function_return_unsupported) ||
+	    uct_xsrc_ucx_fn_addr(self->rkey_ptr) != uct_xsrc_ucx_fn_addr(ucs_empty_function_return_unsupported) ||
+	    uct_xsrc_ucx_fn_addr(self->rkey_release) != uct_xsrc_ucx_fn_addr(ucs_empty_function_return_success) ||
+	    uct_xsrc_ucx_fn_addr(self->md_vfs_init) != uct_xsrc_ucx_fn_addr(ucs_empty_function) || self->flags != 0)
 		return "uct_component_t's methods";
 	if (!self->md_config.prefix || strcmp(self->md_config.prefix, "SELF_") != 0 || !self->md_config.table ||
-	    !list_linked(&self->md_config.list) || self->cm_config.table != nullptr || self->cm_config.size != 0)
+	    !uct_xsrc_ucx_list_linked(&self->md_config.list) || self->cm_config.table != nullptr || self->cm_config.size != 0)
 		return "uct_component_t's configuration entries";
-	if (!list_linked(&self->tl_list) || self->tl_list.next == &self->tl_list || self->tl_list.next->next != &self->tl_list)
+	if (!uct_xsrc_ucx_list_linked(&self->tl_list) || self->tl_list.next == &self->tl_list || self->tl_list.next->next != &self->tl_list)
 		return "uct_component_t's transport list";
 	auto *tl = reinterpret_cast<UcxTl *>(reinterpret_cast<char *>(self->tl_list.next) - offsetof(UcxTl, list));
 	if (strncmp(tl->name, "self", sizeof(tl->name)) != 0 || !tl->query_devices || !tl->iface_open ||
@@ -263,33 +266,33 @@ const char *layout_check()
 	const UcxMdOps *ops = m->ops;
 	if (m->component != self)
 		bad = "uct_md_t";
-	else if (!ops || addr(ops->close) != addr(ucs_empty_function) || !ops->query || ops->mem_alloc || ops->mem_free ||
+	else if (!ops || uct_xsrc_ucx_fn_addr(ops->close) != uct_xsrc_ucx_fn_addr(ucs_empty_function) || !ops->query || ops->mem_alloc || ops->mem_free ||
 		 ops->mem_advise || !ops->mem_reg || !ops->mem_dereg || ops->mem_query ||
-		 addr(ops->mkey_pack) != addr(ucs_empty_function_return_success) || ops->is_sockaddr_accessible ||
-		 addr(ops->detect_memory_type) != addr(ucs_empty_function_return_unsupported))
+		 uct_xsrc_ucx_fn_addr(ops->mkey_pack) != uct_xsrc_ucx_fn_addr(ucs_empty_function_return_success) || ops->is_sockaddr_accessible ||
+		 uct_xsrc_ucx_fn_addr(ops->detect_memory_type) != uct_xsrc_ucx_fn_addr(ucs_empty_function_return_unsupported))
 		bad = "uct_md_ops_t";
 	uct_md_close(md);
 	return bad;
 }
 
 // Runs when the library is loaded, after libuct's and libucs's own constructors (it depends on them).
-__attribute__((constructor)) void ucx_module_init()
+__attribute__((constructor)) void uct_xsrc_ucx_module_init()
 {
 	if (const char *env = getenv("XSRC_UCT_REGISTER"); env && (strcmp(env, "0") == 0 || strcmp(env, "no") == 0)) {
-		log_line("not registering with UCX: XSRC_UCT_REGISTER=%s", env);
+		uct_xsrc_ucx_log("not registering with UCX: XSRC_UCT_REGISTER=%s", env);
 		return;
 	}
 	unsigned major = 0, minor = 0, release = 0;
-	if (!ucx_version(&major, &minor, &release)) {
-		log_line("not registering with UCX: no UCX version in this process (libucp is not loaded)");
+	if (!uct_xsrc_ucx_version(&major, &minor, &release)) {
+		uct_xsrc_ucx_log("not registering with UCX: no UCX version in this process (libucp is not loaded)");
 		return;
 	}
 	if (major != 1 || minor != 13) {
-		log_line("not registering with UCX: UCX %u.%u.%u is not 1.13.x", major, minor, release);
+		uct_xsrc_ucx_log("not registering with UCX: UCX %u.%u.%u is not 1.13.x", major, minor, release);
 		return;
 	}
-	if (const char *bad = layout_check()) {
-		log_line("not registering with UCX %u.%u.%u: libuct's %s differs from UCX 1.13.1's", major, minor, release,
+	if (const char *bad = uct_xsrc_ucx_layout_check()) {
+		uct_xsrc_ucx_log("not registering with UCX %u.%u.%u: libuct's %s differs from UCX 1.13.1's", major, minor, release,
 			 bad);
 		return;
 	}
@@ -297,10 +300,10 @@ __attribute__((constructor)) void ucx_module_init()
 	uct_component_register(&component);
 	uct_tl_register(&component, &transport);
 	registered = true;
-	log_line("registered component and transport \"%s\" with UCX %u.%u.%u", XSRC_UCT_TL_NAME, major, minor, release);
+	uct_xsrc_ucx_log("registered component and transport \"%s\" with UCX %u.%u.%u", XSRC_UCT_TL_NAME, major, minor, release);
 }
 
-__attribute__((destructor)) void ucx_module_fini()
+__attribute__((destructor)) void uct_xsrc_ucx_module_fini()
 {
 	if (!registered)
 		return;

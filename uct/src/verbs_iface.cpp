@@ -11,31 +11,47 @@ namespace xsrc::uct {
 
 namespace {
 
-ucs_status_t create_cq(VerbsIface *vi, CqDir, unsigned cqe, ibv_cq **cq)
+// RoCE: the GID table entries looked at for the IPv4-mapped RoCE v2 GID.
+constexpr int gid_scan_max = 16;
+// RC connection attributes.
+constexpr uint8_t rd_atomic_max = 16;   // outstanding RDMA reads and atomics, each way (capped by the device)
+constexpr uint8_t min_rnr_timer = 1;    // the shortest RNR NAK delay (0.01 ms)
+constexpr uint8_t grh_hop_limit = 64;
+constexpr uint8_t ack_timeout = 14;     // 4.096 us * 2^14 ~ 67 ms per attempt
+constexpr uint8_t retry_count = 7;      // attempts: a dead peer is reported after about 0.5 s
+constexpr uint8_t rnr_retry_forever = 7;  // 7 means "retry forever" to the device
+
+uint8_t uct_xsrc_verbs_qp_rd_atomic(const VerbsIface *vi)
+{
+	int dev = vi->md->dev_attr.max_qp_rd_atom;
+	return static_cast<uint8_t>(rd_atomic_max < dev ? rd_atomic_max : dev);
+}
+
+ucs_status_t uct_xsrc_verbs_iface_create_cq(VerbsIface *vi, CqDir, unsigned cqe, ibv_cq **cq)
 {
 	*cq = ibv_create_cq(vi->md->ctx, static_cast<int>(cqe), nullptr, vi->channel, 0);
 	return *cq ? UCS_OK : uct_xsrc_md_errno_status(errno);
 }
 
-ucs_status_t arm_cq(VerbsIface *vi, CqDir dir, int solicited_only)
+ucs_status_t uct_xsrc_verbs_iface_arm_cq(VerbsIface *vi, CqDir dir, int solicited_only)
 {
 	int rc = ibv_req_notify_cq(vi->cq[static_cast<int>(dir)], solicited_only);
 	return rc == 0 ? UCS_OK : uct_xsrc_md_errno_status(rc);
 }
 
-void event_cq(VerbsIface *vi, CqDir dir) { ++vi->cq_events_unacked[static_cast<int>(dir)]; }
+void uct_xsrc_verbs_iface_event_cq(VerbsIface *vi, CqDir dir) { ++vi->cq_events_unacked[static_cast<int>(dir)]; }
 
-void handle_failure(VerbsIface *, const ibv_wc &) {}
+void uct_xsrc_verbs_iface_handle_failure(VerbsIface *, const ibv_wc &) {}
 
-ucs_status_t set_ep_failed(VerbsIface *, uct_ep_h, ucs_status_t) { return UCS_OK; }
+ucs_status_t uct_xsrc_verbs_iface_set_ep_failed(VerbsIface *, uct_ep_h, ucs_status_t) { return UCS_OK; }
 
-ucs_status_t create_qp(VerbsIface *vi, ibv_qp_init_attr *attr, ibv_qp **qp)
+ucs_status_t uct_xsrc_verbs_iface_create_qp(VerbsIface *vi, ibv_qp_init_attr *attr, ibv_qp **qp)
 {
 	*qp = ibv_create_qp(vi->md->pd, attr);
 	return *qp ? UCS_OK : uct_xsrc_md_errno_status(errno);
 }
 
-ucs_status_t rd_init(VerbsIface *vi)
+ucs_status_t uct_xsrc_verbs_iface_rd_init(VerbsIface *vi)
 {
 	vi->channel = ibv_create_comp_channel(vi->md->ctx);
 	if (!vi->channel)
@@ -49,7 +65,7 @@ ucs_status_t rd_init(VerbsIface *vi)
 	return UCS_OK;
 }
 
-void rd_cleanup(VerbsIface *vi)
+void uct_xsrc_verbs_iface_rd_cleanup(VerbsIface *vi)
 {
 	if (vi->channel)
 		ibv_destroy_comp_channel(vi->channel);
@@ -59,14 +75,14 @@ void rd_cleanup(VerbsIface *vi)
 }  // namespace
 
 const VerbsIfaceOps uct_xsrc_verbs_iface_default_ops = {
-	.create_cq = create_cq,
-	.arm_cq = arm_cq,
-	.event_cq = event_cq,
-	.handle_failure = handle_failure,
-	.set_ep_failed = set_ep_failed,
-	.create_qp = create_qp,
-	.rd_init = rd_init,
-	.rd_cleanup = rd_cleanup,
+	.create_cq = uct_xsrc_verbs_iface_create_cq,
+	.arm_cq = uct_xsrc_verbs_iface_arm_cq,
+	.event_cq = uct_xsrc_verbs_iface_event_cq,
+	.handle_failure = uct_xsrc_verbs_iface_handle_failure,
+	.set_ep_failed = uct_xsrc_verbs_iface_set_ep_failed,
+	.create_qp = uct_xsrc_verbs_iface_create_qp,
+	.rd_init = uct_xsrc_verbs_iface_rd_init,
+	.rd_cleanup = uct_xsrc_verbs_iface_rd_cleanup,
 };
 
 ucs_status_t uct_xsrc_verbs_wc_status(ibv_wc_status s)
@@ -116,7 +132,7 @@ ucs_status_t uct_xsrc_verbs_iface_init(VerbsIface *vi, const VerbsIfaceOps *ops,
 	// RoCE: the IPv4-mapped RoCE v2 GID when there is one (index 1 on xsrc), else index 0.
 	vi->gid_index = 0;
 	if (vi->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-		for (int i = 0; i < vi->port_attr.gid_tbl_len && i < 16; ++i) {
+		for (int i = 0; i < vi->port_attr.gid_tbl_len && i < gid_scan_max; ++i) {
 			ibv_gid g{};
 			if (ibv_query_gid(md->ctx, vi->port, i, &g) != 0)
 				continue;
@@ -196,15 +212,15 @@ ucs_status_t uct_xsrc_verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remo
 	a.path_mtu = vi->port_attr.active_mtu;
 	a.dest_qp_num = remote_qpn;
 	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 16 < vi->md->dev_attr.max_qp_rd_atom ? 16 : vi->md->dev_attr.max_qp_rd_atom;
-	a.min_rnr_timer = 1;
+	a.max_dest_rd_atomic = uct_xsrc_verbs_qp_rd_atomic(vi);
+	a.min_rnr_timer = min_rnr_timer;
 	a.ah_attr.port_num = vi->port;
 	a.ah_attr.dlid = remote_lid;
 	if (vi->port_attr.link_layer == IBV_LINK_LAYER_ETHERNET || remote_gid.global.interface_id != 0) {
 		a.ah_attr.is_global = 1;
 		a.ah_attr.grh.dgid = remote_gid;
 		a.ah_attr.grh.sgid_index = static_cast<uint8_t>(vi->gid_index);
-		a.ah_attr.grh.hop_limit = 64;
+		a.ah_attr.grh.hop_limit = grh_hop_limit;
 	}
 	rc = ibv_modify_qp(qp, &a,
 			   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -215,11 +231,11 @@ ucs_status_t uct_xsrc_verbs_qp_connect(VerbsIface *vi, ibv_qp *qp, uint32_t remo
 		return UCS_OK;  // an XRC receive QP only receives
 	a = {};
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;   // ~67 ms per attempt: a dead peer is reported after about 0.5 s
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;  // flow control keeps receives posted; never give up on RNR
+	a.timeout = ack_timeout;
+	a.retry_cnt = retry_count;
+	a.rnr_retry = rnr_retry_forever;  // flow control keeps receives posted; never give up on RNR
 	a.sq_psn = 0;
-	a.max_rd_atomic = 16 < vi->md->dev_attr.max_qp_rd_atom ? 16 : vi->md->dev_attr.max_qp_rd_atom;
+	a.max_rd_atomic = uct_xsrc_verbs_qp_rd_atomic(vi);
 	rc = ibv_modify_qp(qp, &a,
 			   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 				   IBV_QP_MAX_QP_RD_ATOMIC);
