@@ -13,6 +13,8 @@ namespace xsrc::uct {
 
 namespace {
 
+// XRC eps have no QP of their own: their address names their iface (its XRC key: the GID,
+// in the device address, with `qpn` and `seq`) and its shared receive queue.
 struct EpAddr {
 	uint32_t qpn;          // RC: the QP; XRC: the iface key's pid
 	uint32_t credit_rkey;
@@ -23,7 +25,6 @@ struct EpAddr {
 	uint32_t srqn;         // XRC: the shared receive queue; 0 on RC
 } __attribute__((packed));
 static_assert(sizeof(EpAddr) == 32);  // rc_iface_conn.cpp's messages carry 32 bytes
-
 
 bool uct_xsrc_rc_ep_has_resources(Ep *ep)
 {

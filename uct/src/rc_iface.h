@@ -241,7 +241,7 @@ struct Iface : VerbsIface {
 	unsigned conn_tick = 0;       // progress calls; the socket is read on every conn_poll_every-th
 	char conn_name[24]{};         // its abstract socket name = the iface address
 	unsigned conn_seq = 0;                     // the socket's number (its name: pid and this)
-	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by conn_poll
+	std::deque<std::vector<char>> conn_deferred;  // connect-to-iface messages read by uct_xsrc_rc_iface_conn_poll
 	unsigned progress_depth = 0;
 };
 
