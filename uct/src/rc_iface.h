@@ -280,7 +280,24 @@ inline Ep *ep_of(uct_ep_h h) { return reinterpret_cast<Ep *>(h); }
 
 // rc_iface.cpp: open, close, query, addresses; op slots and bounce buffers.
 ucs_status_t uct_xsrc_rc_iface_open(Md *, uct_worker_h, const uct_iface_params_t *, const IfaceConfig &, uct_iface_h *);
+// Op slots and bounce buffers; both give null/-1 when exhausted.
+TxOp *uct_xsrc_rc_iface_op_get(Iface *, OpKind, Ep *);
+void uct_xsrc_rc_iface_op_put(Iface *, TxOp *);
+uint64_t uct_xsrc_rc_iface_op_wr_id(Iface *, const TxOp *);
+// The 8-byte word of atomic_words that belongs to op: an atomic's result, a grant's value.
+inline uint64_t &uct_xsrc_rc_iface_op_word(Iface *i, TxOp *op) { return i->atomic_words[static_cast<size_t>(op - i->ops.data())]; }
+int uct_xsrc_rc_iface_buf_get(Iface *);
+void uct_xsrc_rc_iface_buf_put(Iface *, int);
+char *uct_xsrc_rc_iface_buf_addr(Iface *, int);
+// The scatter/gather entry for the first `length` bytes of bounce buffer `buf`.
+inline ibv_sge uct_xsrc_rc_iface_buf_sge(Iface *i, int buf, uint32_t length);
+void uct_xsrc_rc_iface_comp_done(uct_completion_t *, ucs_status_t);
+// The device address (GID and LID), as ep and connection messages carry it.
+size_t uct_xsrc_rc_iface_dev_addr_len();
+ucs_status_t uct_xsrc_rc_iface_dev_addr_unpack(const uct_device_addr_t *, ibv_gid *gid, uint16_t *lid);
+
 // rc_iface_progress.cpp: completions, progress, events, iface flush and fence.
+extern const VerbsIfaceOps uct_xsrc_rc_iface_verbs_ops;
 unsigned uct_xsrc_rc_iface_progress(uct_iface_h);
 void uct_xsrc_rc_iface_progress_enable(uct_iface_h, unsigned flags);
 void uct_xsrc_rc_iface_progress_disable(uct_iface_h, unsigned flags);
@@ -288,23 +305,21 @@ ucs_status_t uct_xsrc_rc_iface_flush(uct_iface_h, unsigned flags, uct_completion
 ucs_status_t uct_xsrc_rc_iface_fence(uct_iface_h, unsigned flags);
 ucs_status_t uct_xsrc_rc_iface_event_fd_get(uct_iface_h, int *fd_p);
 ucs_status_t uct_xsrc_rc_iface_event_arm(uct_iface_h, unsigned events);
-extern const VerbsIfaceOps uct_xsrc_rc_iface_verbs_ops;
+// UCT_FLUSH_FLAG_CANCEL: outstanding work completes with UCS_ERR_CANCELED; the ep is unusable after.
+void uct_xsrc_rc_ep_cancel(Ep *);
+// The ep alone fails (its QP, if shared, is left alone); notify: call the error handler.
+void uct_xsrc_rc_ep_fail_one(Ep *, ucs_status_t status, bool notify);
+
 // rc_iface_rx.cpp: receive pools, flow control (uct_xsrc_rc_iface_default_ops), receipt.
 size_t uct_xsrc_rc_iface_srq_chunk_len(const Iface *);  // an XRC ep's part of the shared receive area
 void uct_xsrc_rc_rx_pool_free(RxPool *);
-// Op slots and bounce buffers; both give null/-1 when exhausted.
-TxOp *uct_xsrc_rc_iface_op_get(Iface *, OpKind, Ep *);
-void uct_xsrc_rc_iface_op_put(Iface *, TxOp *);
-uint64_t uct_xsrc_rc_iface_op_wr_id(Iface *, const TxOp *);
-int uct_xsrc_rc_iface_buf_get(Iface *);
-void uct_xsrc_rc_iface_buf_put(Iface *, int);
-char *uct_xsrc_rc_iface_buf_addr(Iface *, int);
-// The scatter/gather entry for the first `length` bytes of bounce buffer `buf`.
-inline ibv_sge uct_xsrc_rc_iface_buf_sge(Iface *i, int buf, uint32_t length);
-void uct_xsrc_rc_iface_comp_done(uct_completion_t *, ucs_status_t);
-void uct_xsrc_rc_ep_pending_dispatch(Ep *);
+// A received message.
+void uct_xsrc_rc_ep_rx(Iface *, Ep *, RxDesc *, size_t byte_len);
+ucs_status_t uct_xsrc_rc_ep_repost(Iface *, Ep *, RxDesc *);  // ep: whose grant it counts for (may be null on XRC)
+// The receive buffer of a descriptor (where the WireHdr lands).
+char *uct_xsrc_rc_iface_rx_data(Iface *, const RxDesc *);
 
-// rc_ep.cpp: the uct_iface_ops_t entries that act on an ep.
+// rc_ep.cpp, rc_ep_rma.cpp, rc_ep_am.cpp, rc_ep_atomic.cpp: the uct_iface_ops_t entries that act on an ep.
 ucs_status_t uct_xsrc_rc_ep_create(const uct_ep_params_t *, uct_ep_h *);
 void uct_xsrc_rc_ep_destroy(uct_ep_h);
 ucs_status_t uct_xsrc_rc_ep_get_address(uct_ep_h, uct_ep_addr_t *);
@@ -330,15 +345,12 @@ void uct_xsrc_rc_ep_pending_purge(uct_ep_h, uct_pending_purge_callback_t, void *
 ucs_status_t uct_xsrc_rc_ep_flush(uct_ep_h, unsigned, uct_completion_t *);
 ucs_status_t uct_xsrc_rc_ep_fence(uct_ep_h, unsigned);
 ucs_status_t uct_xsrc_rc_ep_check(uct_ep_h, unsigned, uct_completion_t *);
+// rc_ep.cpp: posting and completions.
+void uct_xsrc_rc_ep_pending_dispatch(Ep *);
 // A send completion of the ep's (in order); an atomic that must go round again is re-posted.
 void uct_xsrc_rc_ep_tx_done(Iface *, TxOp *, const ibv_wc &);
-// A received message.
-void uct_xsrc_rc_ep_rx(Iface *, Ep *, RxDesc *, size_t byte_len);
-ucs_status_t uct_xsrc_rc_ep_repost(Iface *, Ep *, RxDesc *);  // ep: whose grant it counts for (may be null on XRC)
 // Post a send/RDMA work request for `op` on the ep (sq/seq accounting included).
 ucs_status_t uct_xsrc_rc_ep_post(Ep *, TxOp *, ibv_send_wr *);
-// The 8-byte word of atomic_words that belongs to op: an atomic's result, a grant's value.
-inline uint64_t &uct_xsrc_rc_iface_op_word(Iface *i, TxOp *op) { return i->atomic_words[static_cast<size_t>(op - i->ops.data())]; }
 // Posts a work request whose local side is uct_xsrc_rc_iface_op_word(op): an 8-byte RDMA WRITE, or an
 // atomic (compare_add, swap). op stays the caller's on failure.
 ucs_status_t uct_xsrc_rc_ep_post_word(Ep *, TxOp *, ibv_wr_opcode, uint64_t remote_addr, uint32_t rkey,
@@ -362,6 +374,7 @@ bool uct_xsrc_rc_ep_atomic_done(Ep *, TxOp *, uint64_t word, ucs_status_t *st);
 ucs_status_t uct_xsrc_rc_ep_write_credit(Ep *, OpKind kind, uint64_t value);
 ucs_status_t uct_xsrc_rc_ep_send_msg(Ep *, MsgKind, uint8_t am_id, uct_pack_callback_t pack, void *arg, ssize_t *packed);
 size_t uct_xsrc_rc_ep_addr_len();
+
 // rc_iface_conn.cpp: ep_create to an iface address (UCT_IFACE_FLAG_CONNECT_TO_IFACE).
 size_t uct_xsrc_rc_iface_addr_len();
 ucs_status_t uct_xsrc_rc_iface_conn_open(Iface *);
@@ -370,14 +383,6 @@ ucs_status_t uct_xsrc_rc_iface_conn_get_address(Iface *, uct_iface_addr_t *);
 bool uct_xsrc_rc_iface_conn_addr_valid(const uct_iface_addr_t *);
 ucs_status_t uct_xsrc_rc_iface_conn_ep_create(Iface *, const uct_device_addr_t *, const uct_iface_addr_t *, uct_ep_h *);
 unsigned uct_xsrc_rc_iface_conn_progress(Iface *);
-size_t uct_xsrc_rc_iface_dev_addr_len();
-ucs_status_t uct_xsrc_rc_iface_dev_addr_unpack(const uct_device_addr_t *, ibv_gid *gid, uint16_t *lid);
-// UCT_FLUSH_FLAG_CANCEL: outstanding work completes with UCS_ERR_CANCELED; the ep is unusable after.
-void uct_xsrc_rc_ep_cancel(Ep *);
-// The ep alone fails (its QP, if shared, is left alone); notify: call the error handler.
-void uct_xsrc_rc_ep_fail_one(Ep *, ucs_status_t status, bool notify);
-// The receive buffer of a descriptor (where the WireHdr lands).
-char *uct_xsrc_rc_iface_rx_data(Iface *, const RxDesc *);
 
 // rc_iface_conn.cpp: XRC connection messages between ifaces (same socket as connect-to-iface).
 enum class XrcMsgType : uint8_t { request = 4, reply = 5, bye = 6 };
