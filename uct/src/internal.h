@@ -60,7 +60,7 @@ uct_md_h iface_md(Iface *);
 // The worker the iface was opened on (for the cm module's async events).
 uct_worker_h iface_worker(Iface *);
 // Report an ep failure through the core: the ep moves to failed, its outstanding ops
-// complete with `status`, tag_ep_failed() runs, and the user's err_handler is called.
+// complete with `status`, uct_xsrc_tag_ep_failed() runs, and the user's err_handler is called.
 void ep_set_failed(Ep *, ucs_status_t status);
 // One pointer slot per ep for the cm module (e.g. its connection state).
 void *ep_cm_state(Ep *);

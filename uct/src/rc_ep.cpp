@@ -232,7 +232,7 @@ void uct_xsrc_rc_ep_destroy(uct_ep_h tl_ep)
 {
 	Ep *ep = ep_of(tl_ep);
 	Iface *i = ep->iface;
-	tag_ep_failed(i, ep, UCS_ERR_CANCELED);
+	uct_xsrc_tag_ep_failed(i, ep, UCS_ERR_CANCELED);
 	uct_xsrc_cm_ep_destroy(ep);
 	i->eps.erase(std::find(i->eps.begin(), i->eps.end(), ep));
 	i->by_id.erase(ep->id);

@@ -197,14 +197,14 @@ const uct_iface_ops_t uct_xsrc_rc_iface_tl_ops = {
 	.ep_atomic64_post = uct_xsrc_rc_ep_atomic64_post,
 	.ep_atomic32_fetch = uct_xsrc_rc_ep_atomic32_fetch,
 	.ep_atomic64_fetch = uct_xsrc_rc_ep_atomic64_fetch,
-	.ep_tag_eager_short = tag_ep_eager_short,
-	.ep_tag_eager_bcopy = tag_ep_eager_bcopy,
-	.ep_tag_eager_zcopy = tag_ep_eager_zcopy,
-	.ep_tag_rndv_zcopy = tag_ep_rndv_zcopy,
-	.ep_tag_rndv_cancel = tag_ep_rndv_cancel,
-	.ep_tag_rndv_request = tag_ep_rndv_request,
-	.iface_tag_recv_zcopy = tag_iface_recv_zcopy,
-	.iface_tag_recv_cancel = tag_iface_recv_cancel,
+	.ep_tag_eager_short = uct_xsrc_tag_ep_eager_short,
+	.ep_tag_eager_bcopy = uct_xsrc_tag_ep_eager_bcopy,
+	.ep_tag_eager_zcopy = uct_xsrc_tag_ep_eager_zcopy,
+	.ep_tag_rndv_zcopy = uct_xsrc_tag_ep_rndv_zcopy,
+	.ep_tag_rndv_cancel = uct_xsrc_tag_ep_rndv_cancel,
+	.ep_tag_rndv_request = uct_xsrc_tag_ep_rndv_request,
+	.iface_tag_recv_zcopy = uct_xsrc_tag_iface_recv_zcopy,
+	.iface_tag_recv_cancel = uct_xsrc_tag_iface_recv_cancel,
 	.ep_pending_add = uct_xsrc_rc_ep_pending_add,
 	.ep_pending_purge = uct_xsrc_rc_ep_pending_purge,
 	.ep_flush = uct_xsrc_rc_ep_flush,
@@ -246,7 +246,7 @@ const UcxIfaceInternalOps uct_xsrc_rc_iface_internal_ops = {
 void uct_xsrc_rc_iface_close(uct_iface_h h)
 {
 	Iface *i = iface_of(h);
-	tag_iface_cleanup(i);
+	uct_xsrc_tag_iface_cleanup(i);
 	uct_xsrc_cm_iface_cleanup(i);
 	if (i->progress_registered)
 		uct_worker_progress_unregister_safe(i->worker, &i->base.prog.id);
@@ -324,7 +324,7 @@ ucs_status_t uct_xsrc_rc_iface_query(uct_iface_h h, uct_iface_attr_t *attr)
 	attr->priority = 0;
 	attr->max_num_eps = i->cfg.max_eps;
 	attr->dev_num_paths = 1;
-	tag_iface_query(i, attr);  // after cap.get: the tag limits follow get_zcopy's
+	uct_xsrc_tag_iface_query(i, attr);  // after cap.get: the tag limits follow get_zcopy's
 	uct_xsrc_cm_iface_query(i, attr);   // max_conn_priv, listen_sockaddr, CONNECT_TO_SOCKADDR
 	return UCS_OK;
 }
@@ -488,11 +488,11 @@ ucs_status_t uct_xsrc_rc_iface_open(Md *md, uct_worker_h worker, const uct_iface
 	if (st == UCS_OK)
 		st = uct_xsrc_rc_iface_conn_open(i.get());
 	if (st == UCS_OK) {
-		st = tag_iface_init(i.get(), params);
+		st = uct_xsrc_tag_iface_init(i.get(), params);
 		if (st == UCS_OK)
 			st = uct_xsrc_cm_iface_init(i.get(), params);
 		if (st != UCS_OK)
-			tag_iface_cleanup(i.get());
+			uct_xsrc_tag_iface_cleanup(i.get());
 	}
 	if (st != UCS_OK)
 		return st;

@@ -112,7 +112,7 @@ void uct_xsrc_rc_iface_ep_fail(Iface *i, Ep *ep, ucs_status_t status, bool notif
 		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
 	}
 	i->vops->set_ep_failed(i, to_uct(ep), status);
-	tag_ep_failed(i, ep, status);
+	uct_xsrc_tag_ep_failed(i, ep, status);
 	if (notify && i->base.err_handler)
 		i->base.err_handler(i->base.err_handler_arg, to_uct(ep), status);
 }
@@ -178,7 +178,7 @@ unsigned uct_xsrc_rc_iface_progress(uct_iface_h h)
 		count += uct_xsrc_rc_iface_conn_progress(i);
 	if (i->cfg.xrc)
 		count += uct_xsrc_rc_xrc_progress(i);
-	count += tag_iface_progress(i);
+	count += uct_xsrc_tag_iface_progress(i);
 	count += uct_xsrc_cm_iface_progress(i);
 	--i->progress_depth;
 	return count;

@@ -93,9 +93,9 @@ struct TagState {
 	bool warned_drop = false;
 };
 
-TagState *state_of(Iface *iface) { return static_cast<TagState *>(iface_tag_state(iface)); }
+TagState *uct_xsrc_tag_state_of(Iface *iface) { return static_cast<TagState *>(iface_tag_state(iface)); }
 
-void invoke_completion(uct_completion_t *comp, ucs_status_t status)
+void uct_xsrc_tag_invoke_completion(uct_completion_t *comp, ucs_status_t status)
 {
 	if (!comp)
 		return;
@@ -104,7 +104,7 @@ void invoke_completion(uct_completion_t *comp, ucs_status_t status)
 		comp->func(comp);
 }
 
-size_t iov_total(const uct_iov_t *iov, size_t iovcnt)
+size_t uct_xsrc_tag_iov_total(const uct_iov_t *iov, size_t iovcnt)
 {
 	size_t total = 0;
 	for (size_t i = 0; i < iovcnt; ++i)
@@ -113,7 +113,7 @@ size_t iov_total(const uct_iov_t *iov, size_t iovcnt)
 }
 
 // Copies `len` bytes of `src` into the (possibly strided) iov.
-void scatter(const uct_iov_t *iov, size_t iovcnt, const char *src, size_t len)
+void uct_xsrc_tag_scatter(const uct_iov_t *iov, size_t iovcnt, const char *src, size_t len)
 {
 	for (size_t i = 0; i < iovcnt && len; ++i) {
 		size_t stride = iov[i].stride ? iov[i].stride : iov[i].length;
@@ -127,7 +127,7 @@ void scatter(const uct_iov_t *iov, size_t iovcnt, const char *src, size_t len)
 }
 
 // Copies the (possibly strided) iov into `dst`; returns the bytes copied.
-size_t gather(char *dst, const uct_iov_t *iov, size_t iovcnt)
+size_t uct_xsrc_tag_gather(char *dst, const uct_iov_t *iov, size_t iovcnt)
 {
 	size_t off = 0;
 	for (size_t i = 0; i < iovcnt; ++i) {
@@ -140,8 +140,8 @@ size_t gather(char *dst, const uct_iov_t *iov, size_t iovcnt)
 	return off;
 }
 
-size_t eager_max(Iface *iface) { return iface_internal_max(iface) - sizeof(EagerHdr); }
-size_t rndv_hdr_max(TagState *s) { return iface_internal_max(s->iface) - sizeof(RtsHdr) - s->rkey_len; }
+size_t uct_xsrc_tag_eager_max(Iface *iface) { return iface_internal_max(iface) - sizeof(EagerHdr); }
+size_t uct_xsrc_tag_rndv_hdr_max(TagState *s) { return iface_internal_max(s->iface) - sizeof(RtsHdr) - s->rkey_len; }
 
 // --- Unexpected descriptors --------------------------------------------------------------
 // An unexpected eager message is copied into a descriptor of its own, laid out as UCT's
@@ -149,10 +149,10 @@ size_t rndv_hdr_max(TagState *s) { return iface_internal_max(s->iface) - sizeof(
 // (UCS_INPROGRESS) and give it back with uct_iface_release_desc(payload - rx_headroom),
 // even after the iface is closed. Copying keeps the core's receive buffer (and so the
 // sender's credit) free at once.
-void desc_release(uct_recv_desc_t *, void *desc) { std::free(static_cast<char *>(desc) - sizeof(uct_recv_desc_t *)); }
-uct_recv_desc_t desc_releaser{desc_release};
+void uct_xsrc_tag_desc_release(uct_recv_desc_t *, void *desc) { std::free(static_cast<char *>(desc) - sizeof(uct_recv_desc_t *)); }
+uct_recv_desc_t desc_releaser{uct_xsrc_tag_desc_release};
 
-char *desc_alloc(TagState *s, const void *payload, size_t len)
+char *uct_xsrc_tag_desc_alloc(TagState *s, const void *payload, size_t len)
 {
 	auto *blk = static_cast<char *>(std::malloc(sizeof(uct_recv_desc_t *) + s->rx_headroom + len));
 	if (!blk)
@@ -165,7 +165,7 @@ char *desc_alloc(TagState *s, const void *payload, size_t len)
 	return data;
 }
 
-void desc_free(TagState *s, char *data) { std::free(data - s->rx_headroom - sizeof(uct_recv_desc_t *)); }
+void uct_xsrc_tag_desc_free(TagState *s, char *data) { std::free(data - s->rx_headroom - sizeof(uct_recv_desc_t *)); }
 
 // --- Sending --------------------------------------------------------------------------------
 struct EagerPack {
@@ -178,7 +178,7 @@ struct EagerPack {
 	size_t iovcnt = 0;
 };
 
-size_t eager_pack(void *dest, void *arg)
+size_t uct_xsrc_tag_eager_pack(void *dest, void *arg)
 {
 	auto *p = static_cast<EagerPack *>(arg);
 	auto *d = static_cast<char *>(dest);
@@ -188,7 +188,7 @@ size_t eager_pack(void *dest, void *arg)
 	if (p->user_pack)
 		n = p->user_pack(d, p->user_arg);
 	else if (p->iov)
-		n = gather(d, p->iov, p->iovcnt);
+		n = uct_xsrc_tag_gather(d, p->iov, p->iovcnt);
 	else {
 		if (p->length)
 			std::memcpy(d, p->data, p->length);
@@ -203,7 +203,7 @@ struct RtsPack {
 	const void *rkey;
 };
 
-size_t rts_pack(void *dest, void *arg)
+size_t uct_xsrc_tag_rts_pack(void *dest, void *arg)
 {
 	auto *p = static_cast<RtsPack *>(arg);
 	auto *d = static_cast<char *>(dest);
@@ -215,16 +215,16 @@ size_t rts_pack(void *dest, void *arg)
 	return sizeof(p->hdr) + p->hdr.hdr_len + p->hdr.rkey_len;
 }
 
-size_t ats_pack(void *dest, void *arg)
+size_t uct_xsrc_tag_ats_pack(void *dest, void *arg)
 {
 	std::memcpy(dest, arg, sizeof(AtsMsg));
 	return sizeof(AtsMsg);
 }
 
-ucs_status_t send_status(ssize_t r) { return r >= 0 ? UCS_OK : static_cast<ucs_status_t>(r); }
+ucs_status_t uct_xsrc_tag_send_status(ssize_t r) { return r >= 0 ? UCS_OK : static_cast<ucs_status_t>(r); }
 
 // --- Receiver's rendezvous ------------------------------------------------------------------
-void rndv_free(TagState *s, RecvRndv *rr)
+void uct_xsrc_tag_rndv_free(TagState *s, RecvRndv *rr)
 {
 	if (rr->rkey_valid)
 		xsrc_uct_rkey_release(nullptr, &rr->rkey);
@@ -234,21 +234,21 @@ void rndv_free(TagState *s, RecvRndv *rr)
 }
 
 // Sends the ATS; false if it must wait for a send resource.
-bool rndv_send_ats(TagState *s, RecvRndv *rr)
+bool uct_xsrc_tag_rndv_send_ats(TagState *s, RecvRndv *rr)
 {
 	if (rr->src_ep) {
 		AtsMsg m{rr->op_id, static_cast<int32_t>(rr->status), 0};
-		ssize_t r = ep_send_internal(rr->src_ep, MsgKind::tag_rndv_ats, ats_pack, &m);
+		ssize_t r = ep_send_internal(rr->src_ep, MsgKind::tag_rndv_ats, uct_xsrc_tag_ats_pack, &m);
 		if (r == UCS_ERR_NO_RESOURCE)
 			return false;
 		// Another error: the ep failed and the sender's operation fails with it.
 	}
-	rndv_free(s, rr);
+	uct_xsrc_tag_rndv_free(s, rr);
 	return true;
 }
 
 // Reports the receive to the user (once) and moves on to the ATS.
-void rndv_finish(TagState *s, RecvRndv *rr, ucs_status_t status)
+void uct_xsrc_tag_rndv_finish(TagState *s, RecvRndv *rr, ucs_status_t status)
 {
 	rr->status = status;
 	if (rr->recv) {
@@ -265,25 +265,25 @@ void rndv_finish(TagState *s, RecvRndv *rr, ucs_status_t status)
 		rr->rkey_valid = false;
 	}
 	rr->phase = RecvRndv::Phase::ats_wanted;
-	if (!rndv_send_ats(s, rr))
+	if (!uct_xsrc_tag_rndv_send_ats(s, rr))
 		s->retry.push_back(rr);
 }
 
-void rndv_get_done(uct_completion_t *comp)
+void uct_xsrc_tag_rndv_get_done(uct_completion_t *comp)
 {
 	auto *rr = reinterpret_cast<RecvRndv *>(comp);  // comp is the first member
 	if (!rr->state) {  // the iface closed while the get was moving
-		rndv_free(nullptr, rr);
+		uct_xsrc_tag_rndv_free(nullptr, rr);
 		return;
 	}
-	rndv_finish(rr->state, rr, comp->status);
+	uct_xsrc_tag_rndv_finish(rr->state, rr, comp->status);
 }
 
 // Starts the get; false if it must wait for a send resource.
-bool rndv_start_get(TagState *s, RecvRndv *rr)
+bool uct_xsrc_tag_rndv_start_get(TagState *s, RecvRndv *rr)
 {
 	if (!rr->src_ep) {
-		rndv_finish(s, rr, UCS_ERR_CANCELED);
+		uct_xsrc_tag_rndv_finish(s, rr, UCS_ERR_CANCELED);
 		return true;
 	}
 	// The posted iov, trimmed to the sender's length.
@@ -300,7 +300,7 @@ bool rndv_start_get(TagState *s, RecvRndv *rr)
 		left -= iov[iovcnt].length;
 		++iovcnt;
 	}
-	rr->comp.func = rndv_get_done;
+	rr->comp.func = uct_xsrc_tag_rndv_get_done;
 	rr->comp.count = 1;
 	rr->comp.status = UCS_OK;
 	rr->phase = RecvRndv::Phase::get_in_flight;
@@ -311,12 +311,12 @@ bool rndv_start_get(TagState *s, RecvRndv *rr)
 		rr->phase = RecvRndv::Phase::get_wanted;
 		return false;
 	}
-	rndv_finish(s, rr, st);  // UCS_OK: done at once; or the error
+	uct_xsrc_tag_rndv_finish(s, rr, st);  // UCS_OK: done at once; or the error
 	return true;
 }
 
 // --- Internal message handlers --------------------------------------------------------------
-ucs_status_t on_eager(void *arg, Ep *, void *data, size_t length, unsigned)
+ucs_status_t uct_xsrc_tag_on_eager(void *arg, Ep *, void *data, size_t length, unsigned)
 {
 	auto *s = static_cast<TagState *>(arg);
 	if (length < sizeof(EagerHdr)) {
@@ -334,7 +334,7 @@ ucs_status_t on_eager(void *arg, Ep *, void *data, size_t length, unsigned)
 		if (len > recv->length)
 			status = UCS_ERR_MESSAGE_TRUNCATED;  // no data is copied
 		else
-			scatter(recv->iov.data(), recv->iovcnt, payload, len);
+			uct_xsrc_tag_scatter(recv->iov.data(), recv->iovcnt, payload, len);
 		s->matcher.release(recv);
 		ctx->tag_consumed_cb(ctx);
 		ctx->completed_cb(ctx, h.tag, h.imm, len, nullptr, status);
@@ -349,7 +349,7 @@ ucs_status_t on_eager(void *arg, Ep *, void *data, size_t length, unsigned)
 		return UCS_OK;
 	}
 	void *user_ctx = nullptr;
-	char *desc = desc_alloc(s, payload, len);
+	char *desc = uct_xsrc_tag_desc_alloc(s, payload, len);
 	if (!desc) {  // no memory for a descriptor: hand the data without DESC (user copies)
 		s->eager_cb(s->eager_arg, const_cast<char *>(payload), len, UCT_CB_PARAM_FLAG_FIRST, h.tag, h.imm,
 			    &user_ctx);
@@ -358,11 +358,11 @@ ucs_status_t on_eager(void *arg, Ep *, void *data, size_t length, unsigned)
 	ucs_status_t r = s->eager_cb(s->eager_arg, desc, len, UCT_CB_PARAM_FLAG_FIRST | UCT_CB_PARAM_FLAG_DESC,
 				     h.tag, h.imm, &user_ctx);
 	if (r != UCS_INPROGRESS)
-		desc_free(s, desc);
+		uct_xsrc_tag_desc_free(s, desc);
 	return UCS_OK;
 }
 
-ucs_status_t on_rts(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
+ucs_status_t uct_xsrc_tag_on_rts(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
 {
 	auto *s = static_cast<TagState *>(arg);
 	RtsHdr h;
@@ -414,25 +414,25 @@ ucs_status_t on_rts(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
 	rr->remote_addr = h.remote_addr;
 	s->rndvs.insert(rr);
 	if (h.length > recv->length) {
-		rndv_finish(s, rr, UCS_ERR_MESSAGE_TRUNCATED);
+		uct_xsrc_tag_rndv_finish(s, rr, UCS_ERR_MESSAGE_TRUNCATED);
 		return UCS_OK;
 	}
 	if (h.length == 0) {
-		rndv_finish(s, rr, UCS_OK);
+		uct_xsrc_tag_rndv_finish(s, rr, UCS_OK);
 		return UCS_OK;
 	}
 	ucs_status_t st = xsrc_uct_rkey_unpack(nullptr, rkey_buf, &rr->rkey);
 	if (st != UCS_OK) {
-		rndv_finish(s, rr, st);
+		uct_xsrc_tag_rndv_finish(s, rr, st);
 		return UCS_OK;
 	}
 	rr->rkey_valid = true;
-	if (!rndv_start_get(s, rr))
+	if (!uct_xsrc_tag_rndv_start_get(s, rr))
 		s->retry.push_back(rr);
 	return UCS_OK;
 }
 
-ucs_status_t on_ats(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
+ucs_status_t uct_xsrc_tag_on_ats(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
 {
 	auto *s = static_cast<TagState *>(arg);
 	if (length < sizeof(AtsMsg))
@@ -449,11 +449,11 @@ ucs_status_t on_ats(void *arg, Ep *src_ep, void *data, size_t length, unsigned)
 	delete op;
 	// The peer's word for it: a status, never a positive value.
 	ucs_status_t status = m.status > 0 ? UCS_ERR_IO_ERROR : static_cast<ucs_status_t>(m.status);
-	invoke_completion(comp, status);
+	uct_xsrc_tag_invoke_completion(comp, status);
 	return UCS_OK;
 }
 
-ucs_status_t rts_send(Ep *ep, uct_tag_t tag, RtsKind kind, uint64_t op_id, uint64_t addr, uint64_t length,
+ucs_status_t uct_xsrc_tag_rts_send(Ep *ep, uct_tag_t tag, RtsKind kind, uint64_t op_id, uint64_t addr, uint64_t length,
 		      const void *header, unsigned header_length, const void *rkey, size_t rkey_len)
 {
 	RtsPack p{};
@@ -466,13 +466,13 @@ ucs_status_t rts_send(Ep *ep, uct_tag_t tag, RtsKind kind, uint64_t op_id, uint6
 	p.hdr.kind = static_cast<uint8_t>(kind);
 	p.user_hdr = header;
 	p.rkey = rkey;
-	return send_status(ep_send_internal(ep, MsgKind::tag_rndv_rts, rts_pack, &p));
+	return uct_xsrc_tag_send_status(ep_send_internal(ep, MsgKind::tag_rndv_rts, uct_xsrc_tag_rts_pack, &p));
 }
 
 }  // namespace
 
 // --- Module entry points --------------------------------------------------------------------
-ucs_status_t tag_iface_init(Iface *iface, const uct_iface_params_t *params)
+ucs_status_t uct_xsrc_tag_iface_init(Iface *iface, const uct_iface_params_t *params)
 {
 	auto s = std::make_unique<TagState>();
 	s->iface = iface;
@@ -500,15 +500,15 @@ ucs_status_t tag_iface_init(Iface *iface, const uct_iface_params_t *params)
 
 	TagState *raw = s.release();
 	iface_set_tag_state(iface, raw);
-	iface_set_internal_handler(iface, MsgKind::tag_eager, on_eager, raw);
-	iface_set_internal_handler(iface, MsgKind::tag_rndv_rts, on_rts, raw);
-	iface_set_internal_handler(iface, MsgKind::tag_rndv_ats, on_ats, raw);
+	iface_set_internal_handler(iface, MsgKind::tag_eager, uct_xsrc_tag_on_eager, raw);
+	iface_set_internal_handler(iface, MsgKind::tag_rndv_rts, uct_xsrc_tag_on_rts, raw);
+	iface_set_internal_handler(iface, MsgKind::tag_rndv_ats, uct_xsrc_tag_on_ats, raw);
 	return UCS_OK;
 }
 
-void tag_iface_cleanup(Iface *iface)
+void uct_xsrc_tag_iface_cleanup(Iface *iface)
 {
-	TagState *s = state_of(iface);
+	TagState *s = uct_xsrc_tag_state_of(iface);
 	if (!s)
 		return;
 	iface_set_internal_handler(iface, MsgKind::tag_eager, nullptr, nullptr);
@@ -522,19 +522,19 @@ void tag_iface_cleanup(Iface *iface)
 			rr->recv = nullptr;
 			rr->src_ep = nullptr;
 		} else {
-			rndv_free(s, rr);
+			uct_xsrc_tag_rndv_free(s, rr);
 		}
 	}
 	iface_set_tag_state(iface, nullptr);
 	delete s;
 }
 
-void tag_iface_query(Iface *iface, uct_iface_attr_t *attr)
+void uct_xsrc_tag_iface_query(Iface *iface, uct_iface_attr_t *attr)
 {
-	TagState *s = state_of(iface);
+	TagState *s = uct_xsrc_tag_state_of(iface);
 	if (!s)
 		return;
-	size_t emax = eager_max(iface);
+	size_t emax = uct_xsrc_tag_eager_max(iface);
 	size_t get_max = attr->cap.get.max_zcopy ? attr->cap.get.max_zcopy : (size_t{1} << 30);
 	size_t get_iov = attr->cap.get.max_iov ? attr->cap.get.max_iov : 1;
 
@@ -549,20 +549,20 @@ void tag_iface_query(Iface *iface, uct_iface_attr_t *attr)
 	attr->cap.tag.eager.max_zcopy = emax;
 	attr->cap.tag.eager.max_iov = max_eager_iov;
 	attr->cap.tag.rndv.max_zcopy = get_max;
-	attr->cap.tag.rndv.max_hdr = rndv_hdr_max(s);
+	attr->cap.tag.rndv.max_hdr = uct_xsrc_tag_rndv_hdr_max(s);
 	attr->cap.tag.rndv.max_iov = 1;
 }
 
-unsigned tag_iface_progress(Iface *iface)
+unsigned uct_xsrc_tag_iface_progress(Iface *iface)
 {
-	TagState *s = state_of(iface);
+	TagState *s = uct_xsrc_tag_state_of(iface);
 	if (!s || s->retry.empty())
 		return 0;
 	unsigned done = 0;
 	for (size_t n = s->retry.size(); n > 0; --n) {
 		RecvRndv *rr = s->retry.front();
 		s->retry.pop_front();
-		bool ok = rr->phase == RecvRndv::Phase::get_wanted ? rndv_start_get(s, rr) : rndv_send_ats(s, rr);
+		bool ok = rr->phase == RecvRndv::Phase::get_wanted ? uct_xsrc_tag_rndv_start_get(s, rr) : uct_xsrc_tag_rndv_send_ats(s, rr);
 		if (ok)
 			++done;
 		else
@@ -571,9 +571,9 @@ unsigned tag_iface_progress(Iface *iface)
 	return done;
 }
 
-void tag_ep_failed(Iface *iface, Ep *ep, ucs_status_t status)
+void uct_xsrc_tag_ep_failed(Iface *iface, Ep *ep, ucs_status_t status)
 {
-	TagState *s = state_of(iface);
+	TagState *s = uct_xsrc_tag_state_of(iface);
 	if (!s)
 		return;
 	// The sender's rendezvous operations on this ep complete with the ep's error.
@@ -586,7 +586,7 @@ void tag_ep_failed(Iface *iface, Ep *ep, ucs_status_t status)
 		s->send_ops.erase(op);
 		uct_completion_t *comp = op->comp;
 		delete op;
-		invoke_completion(comp, status);
+		uct_xsrc_tag_invoke_completion(comp, status);
 	}
 	// The receiver's: no ATS can go back; a get not yet started fails now, one in flight
 	// is completed (with an error) by the core.
@@ -600,7 +600,7 @@ void tag_ep_failed(Iface *iface, Ep *ep, ucs_status_t status)
 	}
 	for (RecvRndv *rr : waiting) {
 		s->retry.erase(std::remove(s->retry.begin(), s->retry.end(), rr), s->retry.end());
-		rndv_finish(s, rr, status);  // src_ep is null: frees rr
+		uct_xsrc_tag_rndv_finish(s, rr, status);  // src_ep is null: frees rr
 	}
 	// ATSs still waiting for a resource go nowhere now.
 	std::vector<RecvRndv *> orphans;
@@ -609,24 +609,24 @@ void tag_ep_failed(Iface *iface, Ep *ep, ucs_status_t status)
 			orphans.push_back(rr);
 	for (RecvRndv *rr : orphans) {
 		s->retry.erase(std::remove(s->retry.begin(), s->retry.end(), rr), s->retry.end());
-		rndv_free(s, rr);
+		uct_xsrc_tag_rndv_free(s, rr);
 	}
 }
 
 // --- Ops ----------------------------------------------------------------------------------
-ucs_status_t tag_ep_eager_short(uct_ep_h tl_ep, uct_tag_t tag, const void *data, size_t length)
+ucs_status_t uct_xsrc_tag_ep_eager_short(uct_ep_h tl_ep, uct_tag_t tag, const void *data, size_t length)
 {
 	Ep *ep = to_ep(tl_ep);
-	if (length > eager_max(ep_iface(ep)) || (length && !data))
+	if (length > uct_xsrc_tag_eager_max(ep_iface(ep)) || (length && !data))
 		return UCS_ERR_INVALID_PARAM;
 	EagerPack p{};
 	p.hdr = {tag, 0};
 	p.data = data;
 	p.length = length;
-	return send_status(ep_send_internal(ep, MsgKind::tag_eager, eager_pack, &p));
+	return uct_xsrc_tag_send_status(ep_send_internal(ep, MsgKind::tag_eager, uct_xsrc_tag_eager_pack, &p));
 }
 
-ssize_t tag_ep_eager_bcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, uct_pack_callback_t pack_cb, void *arg,
+ssize_t uct_xsrc_tag_ep_eager_bcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, uct_pack_callback_t pack_cb, void *arg,
 			   unsigned)
 {
 	if (!pack_cb)
@@ -636,15 +636,15 @@ ssize_t tag_ep_eager_bcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, uct_pack
 	p.hdr = {tag, imm};
 	p.user_pack = pack_cb;
 	p.user_arg = arg;
-	ssize_t r = ep_send_internal(ep, MsgKind::tag_eager, eager_pack, &p);
+	ssize_t r = ep_send_internal(ep, MsgKind::tag_eager, uct_xsrc_tag_eager_pack, &p);
 	return r < 0 ? r : r - static_cast<ssize_t>(sizeof(EagerHdr));
 }
 
-ucs_status_t tag_ep_eager_zcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, const uct_iov_t *iov, size_t iovcnt,
+ucs_status_t uct_xsrc_tag_ep_eager_zcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, const uct_iov_t *iov, size_t iovcnt,
 				unsigned, uct_completion_t *)
 {
 	Ep *ep = to_ep(tl_ep);
-	if (iovcnt > max_eager_iov || (iovcnt && !iov) || iov_total(iov, iovcnt) > eager_max(ep_iface(ep)))
+	if (iovcnt > max_eager_iov || (iovcnt && !iov) || uct_xsrc_tag_iov_total(iov, iovcnt) > uct_xsrc_tag_eager_max(ep_iface(ep)))
 		return UCS_ERR_INVALID_PARAM;
 	EagerPack p{};
 	p.hdr = {tag, imm};
@@ -652,17 +652,17 @@ ucs_status_t tag_ep_eager_zcopy(uct_ep_h tl_ep, uct_tag_t tag, uint64_t imm, con
 	p.iovcnt = iovcnt;
 	// The data is copied into a send buffer before this returns, so the operation is
 	// complete for the caller (UCS_OK) and `comp` is not used.
-	return send_status(ep_send_internal(ep, MsgKind::tag_eager, eager_pack, &p));
+	return uct_xsrc_tag_send_status(ep_send_internal(ep, MsgKind::tag_eager, uct_xsrc_tag_eager_pack, &p));
 }
 
-ucs_status_ptr_t tag_ep_rndv_zcopy(uct_ep_h tl_ep, uct_tag_t tag, const void *header, unsigned header_length,
+ucs_status_ptr_t uct_xsrc_tag_ep_rndv_zcopy(uct_ep_h tl_ep, uct_tag_t tag, const void *header, unsigned header_length,
 				   const uct_iov_t *iov, size_t iovcnt, unsigned, uct_completion_t *comp)
 {
 	Ep *ep = to_ep(tl_ep);
-	TagState *s = state_of(ep_iface(ep));
+	TagState *s = uct_xsrc_tag_state_of(ep_iface(ep));
 	if (!s)
 		return UCS_STATUS_PTR(UCS_ERR_UNSUPPORTED);
-	if (iovcnt > 1 || (iovcnt && !iov) || header_length > rndv_hdr_max(s) || (header_length && !header))
+	if (iovcnt > 1 || (iovcnt && !iov) || header_length > uct_xsrc_tag_rndv_hdr_max(s) || (header_length && !header))
 		return UCS_STATUS_PTR(UCS_ERR_INVALID_PARAM);
 	uint64_t addr = 0, length = 0;
 	char rkey[max_rkey_len];
@@ -678,7 +678,7 @@ ucs_status_ptr_t tag_ep_rndv_zcopy(uct_ep_h tl_ep, uct_tag_t tag, const void *he
 		rkey_len = s->rkey_len;
 	}
 	auto *op = new SendOp{s->next_op_id++, ep, comp};
-	ucs_status_t st = rts_send(ep, tag, RtsKind::zcopy, op->id, addr, length, header, header_length, rkey, rkey_len);
+	ucs_status_t st = uct_xsrc_tag_rts_send(ep, tag, RtsKind::zcopy, op->id, addr, length, header, header_length, rkey, rkey_len);
 	if (st != UCS_OK) {
 		delete op;
 		return UCS_STATUS_PTR(st);
@@ -688,10 +688,10 @@ ucs_status_ptr_t tag_ep_rndv_zcopy(uct_ep_h tl_ep, uct_tag_t tag, const void *he
 	return op;
 }
 
-ucs_status_t tag_ep_rndv_cancel(uct_ep_h tl_ep, void *handle)
+ucs_status_t uct_xsrc_tag_ep_rndv_cancel(uct_ep_h tl_ep, void *handle)
 {
 	Ep *ep = to_ep(tl_ep);
-	TagState *s = state_of(ep_iface(ep));
+	TagState *s = uct_xsrc_tag_state_of(ep_iface(ep));
 	auto *op = static_cast<SendOp *>(handle);
 	if (!s || !s->send_ops.count(op) || op->ep != ep)
 		return UCS_ERR_INVALID_PARAM;
@@ -704,21 +704,21 @@ ucs_status_t tag_ep_rndv_cancel(uct_ep_h tl_ep, void *handle)
 	return UCS_OK;
 }
 
-ucs_status_t tag_ep_rndv_request(uct_ep_h tl_ep, uct_tag_t tag, const void *header, unsigned header_length, unsigned)
+ucs_status_t uct_xsrc_tag_ep_rndv_request(uct_ep_h tl_ep, uct_tag_t tag, const void *header, unsigned header_length, unsigned)
 {
 	Ep *ep = to_ep(tl_ep);
-	TagState *s = state_of(ep_iface(ep));
+	TagState *s = uct_xsrc_tag_state_of(ep_iface(ep));
 	if (!s)
 		return UCS_ERR_UNSUPPORTED;
-	if (header_length > rndv_hdr_max(s) || (header_length && !header))
+	if (header_length > uct_xsrc_tag_rndv_hdr_max(s) || (header_length && !header))
 		return UCS_ERR_INVALID_PARAM;
-	return rts_send(ep, tag, RtsKind::request, 0, 0, 0, header, header_length, nullptr, 0);
+	return uct_xsrc_tag_rts_send(ep, tag, RtsKind::request, 0, 0, 0, header, header_length, nullptr, 0);
 }
 
-ucs_status_t tag_iface_recv_zcopy(uct_iface_h tl_iface, uct_tag_t tag, uct_tag_t tag_mask, const uct_iov_t *iov,
+ucs_status_t uct_xsrc_tag_iface_recv_zcopy(uct_iface_h tl_iface, uct_tag_t tag, uct_tag_t tag_mask, const uct_iov_t *iov,
 				  size_t iovcnt, uct_tag_context_t *ctx)
 {
-	TagState *s = state_of(to_iface(tl_iface));
+	TagState *s = uct_xsrc_tag_state_of(to_iface(tl_iface));
 	if (!s)
 		return UCS_ERR_UNSUPPORTED;
 	if (!ctx || !ctx->tag_consumed_cb || !ctx->completed_cb || !ctx->rndv_cb)
@@ -729,9 +729,9 @@ ucs_status_t tag_iface_recv_zcopy(uct_iface_h tl_iface, uct_tag_t tag, uct_tag_t
 	return s->matcher.post(ctx, tag, tag_mask, iov, iovcnt);
 }
 
-ucs_status_t tag_iface_recv_cancel(uct_iface_h tl_iface, uct_tag_context_t *ctx, int force)
+ucs_status_t uct_xsrc_tag_iface_recv_cancel(uct_iface_h tl_iface, uct_tag_context_t *ctx, int force)
 {
-	TagState *s = state_of(to_iface(tl_iface));
+	TagState *s = uct_xsrc_tag_state_of(to_iface(tl_iface));
 	if (!s || !ctx)
 		return UCS_ERR_INVALID_PARAM;
 	tag::PostedRecv *recv = s->matcher.find(ctx);

@@ -14,9 +14,9 @@
 // operation with rndv_cancel, as with UCX's HW tag offload.
 //
 // What the module relies on from the core (requested of uctcore, and done):
-//  1. tag_iface_query() runs after cap.get is filled: the rendezvous and receive limits
+//  1. uct_xsrc_tag_iface_query() runs after cap.get is filled: the rendezvous and receive limits
 //     follow the get_zcopy limits (cap.get.max_zcopy, cap.get.max_iov).
-//  2. ep_destroy calls tag_ep_failed(iface, ep, UCS_ERR_CANCELED) before the Ep is freed
+//  2. ep_destroy calls uct_xsrc_tag_ep_failed(iface, ep, UCS_ERR_CANCELED) before the Ep is freed
 //     (outstanding rendezvous operations of that ep complete with UCS_ERR_CANCELED).
 //  3. rkeys are packed with xsrc_uct_md_mkey_pack and unpacked with xsrc_uct_rkey_unpack.
 #pragma once
@@ -27,22 +27,22 @@
 
 namespace xsrc::uct {
 
-ucs_status_t tag_iface_init(Iface *, const uct_iface_params_t *);
-void tag_iface_cleanup(Iface *);
-void tag_iface_query(Iface *, uct_iface_attr_t *);
-unsigned tag_iface_progress(Iface *);
-void tag_ep_failed(Iface *, Ep *, ucs_status_t);
+ucs_status_t uct_xsrc_tag_iface_init(Iface *, const uct_iface_params_t *);
+void uct_xsrc_tag_iface_cleanup(Iface *);
+void uct_xsrc_tag_iface_query(Iface *, uct_iface_attr_t *);
+unsigned uct_xsrc_tag_iface_progress(Iface *);
+void uct_xsrc_tag_ep_failed(Iface *, Ep *, ucs_status_t);
 
-ucs_status_t tag_ep_eager_short(uct_ep_h, uct_tag_t, const void *, size_t);
-ssize_t tag_ep_eager_bcopy(uct_ep_h, uct_tag_t, uint64_t, uct_pack_callback_t, void *, unsigned);
-ucs_status_t tag_ep_eager_zcopy(uct_ep_h, uct_tag_t, uint64_t, const uct_iov_t *, size_t, unsigned,
+ucs_status_t uct_xsrc_tag_ep_eager_short(uct_ep_h, uct_tag_t, const void *, size_t);
+ssize_t uct_xsrc_tag_ep_eager_bcopy(uct_ep_h, uct_tag_t, uint64_t, uct_pack_callback_t, void *, unsigned);
+ucs_status_t uct_xsrc_tag_ep_eager_zcopy(uct_ep_h, uct_tag_t, uint64_t, const uct_iov_t *, size_t, unsigned,
                                 uct_completion_t *);
-ucs_status_ptr_t tag_ep_rndv_zcopy(uct_ep_h, uct_tag_t, const void *, unsigned, const uct_iov_t *, size_t,
+ucs_status_ptr_t uct_xsrc_tag_ep_rndv_zcopy(uct_ep_h, uct_tag_t, const void *, unsigned, const uct_iov_t *, size_t,
                                    unsigned, uct_completion_t *);
-ucs_status_t tag_ep_rndv_cancel(uct_ep_h, void *);
-ucs_status_t tag_ep_rndv_request(uct_ep_h, uct_tag_t, const void *, unsigned, unsigned);
-ucs_status_t tag_iface_recv_zcopy(uct_iface_h, uct_tag_t, uct_tag_t, const uct_iov_t *, size_t,
+ucs_status_t uct_xsrc_tag_ep_rndv_cancel(uct_ep_h, void *);
+ucs_status_t uct_xsrc_tag_ep_rndv_request(uct_ep_h, uct_tag_t, const void *, unsigned, unsigned);
+ucs_status_t uct_xsrc_tag_iface_recv_zcopy(uct_iface_h, uct_tag_t, uct_tag_t, const uct_iov_t *, size_t,
                                   uct_tag_context_t *);
-ucs_status_t tag_iface_recv_cancel(uct_iface_h, uct_tag_context_t *, int);
+ucs_status_t uct_xsrc_tag_iface_recv_cancel(uct_iface_h, uct_tag_context_t *, int);
 
 }  // namespace xsrc::uct
