@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+#include "harness/link.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <stdexcept>
+
+namespace xsrc::harness {
+
+namespace {
+
+constexpr uint32_t kMaxFrame = 1u << 20;
+
+int poll_ms(ms timeout)
+{
+	return timeout.count() < 0 ? -1 : static_cast<int>(timeout.count());
+}
+
+}  // namespace
+
+std::pair<Link, Link> Link::pair()
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv))
+		throw std::runtime_error(std::string("socketpair: ") + strerror(errno));
+	return {Link(xsrc::unique_fd(sv[0])), Link(xsrc::unique_fd(sv[1]))};
+}
+
+bool Link::write_all(const void *p, size_t n) const
+{
+	auto *c = static_cast<const char *>(p);
+	while (n) {
+		ssize_t r = ::send(fd_.get(), c, n, MSG_NOSIGNAL);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		c += r;
+		n -= static_cast<size_t>(r);
+	}
+	return true;
+}
+
+bool Link::read_all(void *p, size_t n, ms timeout) const
+{
+	auto *c = static_cast<char *>(p);
+	while (n) {
+		pollfd pfd{fd_.get(), POLLIN, 0};
+		int pr = poll(&pfd, 1, poll_ms(timeout));
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr <= 0)
+			return false;
+		ssize_t r = ::read(fd_.get(), c, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		c += r;
+		n -= static_cast<size_t>(r);
+	}
+	return true;
+}
+
+bool Link::send_frame(std::string_view bytes) const
+{
+	if (bytes.size() > kMaxFrame)
+		return false;
+	uint32_t len = static_cast<uint32_t>(bytes.size());
+	return write_all(&len, sizeof(len)) && write_all(bytes.data(), bytes.size());
+}
+
+bool Link::recv_frame(std::string *out, ms timeout) const
+{
+	uint32_t len;
+	if (!read_all(&len, sizeof(len), timeout) || len > kMaxFrame)
+		return false;
+	out->assign(len, '\0');
+	return read_all(out->data(), len, timeout);
+}
+
+bool Link::readable(ms timeout) const
+{
+	pollfd pfd{fd_.get(), POLLIN, 0};
+	int n;
+	do
+		n = poll(&pfd, 1, poll_ms(timeout));
+	while (n < 0 && errno == EINTR);
+	return n > 0;
+}
+
+void Link::send(const Msg &m) const
+{
+	if (!send_frame(m.encode()))
+		throw std::runtime_error(std::string("send to the other process failed: ") + strerror(errno));
+}
+
+std::optional<Msg> Link::recv(ms timeout) const
+{
+	std::string text;
+	if (!recv_frame(&text, timeout))
+		return std::nullopt;
+	return Msg::decode(text);
+}
+
+Msg Link::expect(ms timeout, const std::string &what) const
+{
+	if (!readable(timeout))
+		throw std::runtime_error("timed out (" + std::to_string(timeout.count()) + " ms) waiting for " + what);
+	auto m = recv(timeout);
+	if (!m)
+		throw std::runtime_error("the other process went away while waiting for " + what);
+	if (m->has("error"))
+		throw std::runtime_error("other process: " + m->str("error"));
+	return *m;
+}
+
+}  // namespace xsrc::harness
