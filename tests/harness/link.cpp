@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 
@@ -14,6 +15,8 @@ namespace xsrc::harness {
 namespace {
 
 constexpr uint32_t kMaxFrame = 1u << 20;
+// Once a frame has begun, the rest of it is on its way: wait for it at least this long.
+constexpr ms kFrameRest{10000};
 
 int poll_ms(ms timeout)
 {
@@ -71,16 +74,22 @@ bool Link::send_frame(std::string_view bytes) const
 	if (bytes.size() > kMaxFrame)
 		return false;
 	uint32_t len = static_cast<uint32_t>(bytes.size());
-	return write_all(&len, sizeof(len)) && write_all(bytes.data(), bytes.size());
+	std::string frame(sizeof(len) + bytes.size(), '\0');  // one write: the frame arrives whole
+	std::memcpy(frame.data(), &len, sizeof(len));
+	std::memcpy(frame.data() + sizeof(len), bytes.data(), bytes.size());
+	return write_all(frame.data(), frame.size());
 }
 
 bool Link::recv_frame(std::string *out, ms timeout) const
 {
+	if (!readable(timeout))
+		return false;
+	ms rest = timeout.count() < 0 ? kForever : std::max(timeout, kFrameRest);
 	uint32_t len;
-	if (!read_all(&len, sizeof(len), timeout) || len > kMaxFrame)
+	if (!read_all(&len, sizeof(len), rest) || len > kMaxFrame)
 		return false;
 	out->assign(len, '\0');
-	return read_all(out->data(), len, timeout);
+	return read_all(out->data(), len, rest);
 }
 
 bool Link::readable(ms timeout) const

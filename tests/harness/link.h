@@ -39,7 +39,7 @@ public:
 
 	// One frame; false when the other end is gone.
 	bool send_frame(std::string_view bytes) const;
-	// The next frame within `timeout` (per read); false on timeout, EOF or error.
+	// The next frame, which must begin within `timeout`; false on timeout, EOF or error.
 	bool recv_frame(std::string *out, ms timeout) const;
 	// True when a frame (or EOF) is waiting.
 	bool readable(ms timeout = ms{0}) const;

@@ -1563,8 +1563,8 @@ void on_alarm(int)
 
 int main(int argc, char **argv)
 {
-	if (argc >= 4 && std::string(argv[1]) == "--peer")
-		return peer_main(atoi(argv[2]), atoi(argv[3]));
+	if (auto peer = xsrc::harness::child_args(argc, argv, "--peer"))
+		return peer->args.size() == 1 ? peer_main(peer->link, atoi(peer->args[0].c_str())) : 2;
 	signal(SIGALRM, on_alarm);
 	::testing::InitGoogleTest(&argc, argv);
 	::testing::UnitTest::GetInstance()->listeners().Append(new TestTimeout);
