@@ -8,12 +8,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "common/fd.h"
 #include "harness/message.h"
@@ -39,8 +41,20 @@ public:
 
 	// One frame; false when the other end is gone.
 	bool send_frame(std::string_view bytes) const;
+	bool send_frame(const std::vector<uint8_t> &bytes) const
+	{
+		return send_frame({reinterpret_cast<const char *>(bytes.data()), bytes.size()});
+	}
 	// The next frame, which must begin within `timeout`; false on timeout, EOF or error.
 	bool recv_frame(std::string *out, ms timeout) const;
+	bool recv_frame(std::vector<uint8_t> *out, ms timeout) const
+	{
+		std::string s;
+		if (!recv_frame(&s, timeout))
+			return false;
+		out->assign(s.begin(), s.end());
+		return true;
+	}
 	// True when a frame (or EOF) is waiting.
 	bool readable(ms timeout = ms{0}) const;
 
