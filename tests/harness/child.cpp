@@ -18,17 +18,22 @@ namespace xsrc::harness {
 
 namespace {
 
-// In the new child: die with the parent, and not at all if it is already gone.
-void follow_parent(pid_t parent)
+// fork(); the child dies with its parent, and at once if the parent is already gone.
+// Throws when there is no child.
+pid_t fork_child()
 {
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent)
-		_exit(126);
-}
-
-[[noreturn]] void fail_errno(const char *what)
-{
-	throw std::runtime_error(std::string(what) + ": " + strerror(errno));
+	pid_t parent = getpid();
+	fflush(nullptr);
+	pid_t pid = fork();
+	if (pid < 0)
+		throw std::runtime_error(std::string("fork: ") + strerror(errno));
+	if (pid == 0) {
+		// Only async-signal-safe calls here (the parent may have threads).
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(126);
+	}
+	return pid;
 }
 
 }  // namespace
@@ -54,43 +59,26 @@ Child Child::spawn(const std::string &mode, const std::vector<std::string> &args
 	for (auto &s : argv_s)
 		argv.push_back(s.data());
 	argv.push_back(nullptr);
-	pid_t parent = getpid();
-	fflush(nullptr);
-	pid_t pid = fork();
-	if (pid < 0)
-		fail_errno("fork");
+	pid_t pid = fork_child();
 	if (pid == 0) {
-		// Only async-signal-safe calls between fork and exec.
-		follow_parent(parent);
 		fcntl(theirs.fd(), F_SETFD, 0);
 		for (int fd : inherit)
 			fcntl(fd, F_SETFD, 0);
 		execv("/proc/self/exe", argv.data());
 		_exit(127);
 	}
-	Child c;
-	c.pid_ = pid;
-	c.link_ = std::move(mine);
-	return c;
+	return Child(pid, std::move(mine));
 }
 
 Child Child::run(const std::function<int(Link &)> &body)
 {
 	auto [mine, theirs] = Link::pair();
-	pid_t parent = getpid();
-	fflush(nullptr);
-	pid_t pid = fork();
-	if (pid < 0)
-		fail_errno("fork");
+	pid_t pid = fork_child();
 	if (pid == 0) {
-		follow_parent(parent);
 		mine.close();
 		_exit(body(theirs));
 	}
-	Child c;
-	c.pid_ = pid;
-	c.link_ = std::move(mine);
-	return c;
+	return Child(pid, std::move(mine));
 }
 
 void Child::kill()

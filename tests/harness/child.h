@@ -47,6 +47,8 @@ public:
 	void wait_exited() const;
 
 private:
+	Child(pid_t pid, Link link) : pid_(pid), link_(std::move(link)) {}
+
 	pid_t pid_ = -1;
 	Link link_;
 };

@@ -36,14 +36,11 @@ std::pair<Link, Link> Link::pair()
 bool Link::write_all(const void *p, size_t n) const
 {
 	auto *c = static_cast<const char *>(p);
-	while (n) {
-		ssize_t r = ::send(fd_.get(), c, n, MSG_NOSIGNAL);
-		if (r < 0 && errno == EINTR)
-			continue;
+	for (ssize_t r; n; c += r, n -= static_cast<size_t>(r)) {
+		while ((r = ::send(fd_.get(), c, n, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+		}
 		if (r <= 0)
 			return false;
-		c += r;
-		n -= static_cast<size_t>(r);
 	}
 	return true;
 }
@@ -51,20 +48,13 @@ bool Link::write_all(const void *p, size_t n) const
 bool Link::read_all(void *p, size_t n, ms timeout) const
 {
 	auto *c = static_cast<char *>(p);
-	while (n) {
-		pollfd pfd{fd_.get(), POLLIN, 0};
-		int pr = poll(&pfd, 1, poll_ms(timeout));
-		if (pr < 0 && errno == EINTR)
-			continue;
-		if (pr <= 0)
+	for (ssize_t r; n; c += r, n -= static_cast<size_t>(r)) {
+		if (!readable(timeout))
 			return false;
-		ssize_t r = ::read(fd_.get(), c, n);
-		if (r < 0 && errno == EINTR)
-			continue;
+		while ((r = ::read(fd_.get(), c, n)) < 0 && errno == EINTR) {
+		}
 		if (r <= 0)
 			return false;
-		c += r;
-		n -= static_cast<size_t>(r);
 	}
 	return true;
 }

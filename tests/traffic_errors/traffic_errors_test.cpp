@@ -164,6 +164,33 @@ protected:
 		return p;
 	}
 
+	// Our end of a SEND case: a CQ of 64 and a 4 KiB source buffer; with a completion
+	// channel of its own for the cases that sleep in ibv_get_cq_event.
+	struct Sender {
+		ibv_cq *cq;
+		Buffer *buf;
+	};
+	Sender sender() { return {me().cq(64), me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill)}; }
+	struct EventSender {
+		ibv_comp_channel *ch;
+		ibv_cq *cq;
+		Buffer *buf;
+	};
+	EventSender event_sender()
+	{
+		ibv_comp_channel *ch = me().channel();
+		ibv_cq *cq = me().cq(64, ch);
+		return {ch, cq, me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill)};
+	}
+	// The pair options of the RNR cases: our rnr_retry, the responder's min_rnr_timer.
+	static PairOpts rnr_opts(uint8_t rnr_retry, uint8_t min_rnr_timer)
+	{
+		PairOpts o;
+		o.mine.rnr_retry = rnr_retry;
+		o.theirs.min_rnr_timer = min_rnr_timer;
+		return o;
+	}
+
 	std::unique_ptr<Peer> peer_;
 	std::unique_ptr<Verbs> me_;
 };
@@ -667,8 +694,7 @@ TEST_F(Flush, ModifyToErrorFlushesEverything)
 TEST_F(Flush, IdleQpToErrorFlushesReceivesOnly)
 {
 	uint64_t pcq = peer_cq();
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	for (uint64_t i = 1; i <= 3; ++i)
 		ASSERT_EQ(post_recv(p.qp, i, buf->addr() + i * 64, 64, buf->lkey()), 0);
@@ -697,11 +723,8 @@ TEST_F(Flush, IdleQpToErrorFlushesReceivesOnly)
 TEST_F(Flush, DestroyQpWithBlockedWork)
 {
 	uint64_t pcq = peer_cq();
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.mine.rnr_retry = 7;
-	o.theirs.min_rnr_timer = 1;
+	auto [cq, buf] = sender();
+	PairOpts o = rnr_opts(7, 1);
 	ibv_qp_init_attr attr{};
 	attr.send_cq = cq;
 	attr.recv_cq = cq;
@@ -742,14 +765,10 @@ using Rnr = Traffic;
 TEST_F(Rnr, RetryExceededWakesSleepingRequester)
 {
 	uint64_t pcq = peer_cq();
-	ibv_comp_channel *ch = me().channel();
-	ibv_cq *cq = me().cq(64, ch);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [ch, cq, buf] = event_sender();
 	for (uint8_t rnr_retry : {0, 1, 2, 3}) {
 		SCOPED_TRACE("rnr_retry " + std::to_string(rnr_retry));
-		PairOpts o;
-		o.mine.rnr_retry = rnr_retry;
-		o.theirs.min_rnr_timer = 1;
+		PairOpts o = rnr_opts(rnr_retry, 1);
 		Pair p = rc_pair(cq, cq, pcq, o);
 		ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 		SendWr s(100 + rnr_retry, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
@@ -773,12 +792,8 @@ TEST_F(Rnr, RetryExceededWakesSleepingRequester)
 TEST_F(Rnr, RetriesWaitTheResponderTimer)
 {
 	uint64_t pcq = peer_cq();
-	ibv_comp_channel *ch = me().channel();
-	ibv_cq *cq = me().cq(64, ch);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.mine.rnr_retry = 3;
-	o.theirs.min_rnr_timer = 20;  // 10.24 ms
+	auto [ch, cq, buf] = event_sender();
+	PairOpts o = rnr_opts(3, 20);  // 10.24 ms
 	Pair p = rc_pair(cq, cq, pcq, o);
 	ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 	auto t0 = Clock::now();
@@ -799,8 +814,7 @@ TEST_F(Rnr, WriteWithImmWithoutReceive)
 {
 	uint64_t pcq = peer_cq();
 	PeerMr target = peer_mr(4096, kAllAccess);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	PairOpts o;
 	o.mine.rnr_retry = 2;
 	Pair p = rc_pair(cq, cq, pcq, o);
@@ -820,12 +834,8 @@ TEST_F(Rnr, InfiniteRetrySucceedsOnceAReceiveIsPosted)
 {
 	uint64_t pcq = peer_cq();
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_comp_channel *ch = me().channel();
-	ibv_cq *cq = me().cq(64, ch);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.mine.rnr_retry = 7;
-	o.theirs.min_rnr_timer = 1;
+	auto [ch, cq, buf] = event_sender();
+	PairOpts o = rnr_opts(7, 1);
 	Pair p = rc_pair(cq, cq, pcq, o);
 	ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 	SendWr s(1, IBV_WR_SEND, buf->addr(), 256, buf->lkey());
@@ -861,8 +871,7 @@ TEST_F(DeadPeer, SendAfterPeerKilledIsRetryExceeded)
 {
 	uint64_t pcq = peer_cq();
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 1);
 	SendWr ok(1, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
@@ -891,8 +900,7 @@ TEST_F(DeadPeer, SendToPeerKilledWithReceivesPosted)
 {
 	uint64_t pcq = peer_cq();
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 1, 8, 256);
 	peer().kill();
@@ -914,8 +922,7 @@ TEST_F(DeadPeer, PeerDiedButItsContextIsStillOpen)
 {
 	uint64_t pcq = peer_cq();
 	PeerMr rbuf = peer_mr(4096, kAllAccess, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair send_pair = rc_pair(cq, cq, pcq);
 	Pair read_pair = rc_pair(cq, cq, pcq);
 	peer_post_recv(send_pair.peer.id, rbuf, 0, 256, 1, 4, 256);
@@ -973,12 +980,8 @@ TEST_F(DeadPeer, RdmaAfterPeerKilledIsRetryExceeded)
 TEST_F(DeadPeer, RnrBlockedWorkFailsWhenPeerDies)
 {
 	uint64_t pcq = peer_cq();
-	ibv_comp_channel *ch = me().channel();
-	ibv_cq *cq = me().cq(64, ch);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.mine.rnr_retry = 7;
-	o.theirs.min_rnr_timer = 1;
+	auto [ch, cq, buf] = event_sender();
+	PairOpts o = rnr_opts(7, 1);
 	Pair p = rc_pair(cq, cq, pcq, o);
 	for (uint64_t i = 1; i <= 3; ++i) {
 		SendWr s(i, IBV_WR_SEND, buf->addr(), 64, buf->lkey());
@@ -1365,8 +1368,7 @@ TEST_F(CqOverrun, OverrunRaisesCqErr)
 	ASSERT_GE(actual, 4);
 	const int sends = std::max(8, actual + 4);
 	PeerMr rbuf = peer_mr(64 * 64, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	PairOpts o;
 	o.peer_max_recv_wr = 64;
 	o.caps.max_send_wr = 64;
@@ -1408,8 +1410,7 @@ TEST_F(CompletionEvents, RemoteCompletionWakesReceiver)
 {
 	uint64_t pcq = peer_cq(64, true);
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 5);
 	peer().call(Msg("arm").set("cq", pcq).set("solicited", 0));
@@ -1435,8 +1436,7 @@ TEST_F(CompletionEvents, SolicitedOnlyIgnoresUnsolicited)
 {
 	uint64_t pcq = peer_cq(64, true);
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 10, 2, 256);
 	peer().call(Msg("arm").set("cq", pcq).set("solicited", 1));
@@ -1472,8 +1472,7 @@ TEST_F(CompletionEvents, SolicitedOnlyWakesOnError)
 {
 	uint64_t pcq = peer_cq(64, true);
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 16, 30);
 	peer().call(Msg("arm").set("cq", pcq).set("solicited", 1));
@@ -1498,12 +1497,8 @@ TEST_F(CompletionEvents, DelayedDeliveryWakesReceiver)
 {
 	uint64_t pcq = peer_cq(64, true);
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_comp_channel *ch = me().channel();
-	ibv_cq *cq = me().cq(64, ch);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.mine.rnr_retry = 7;
-	o.theirs.min_rnr_timer = 14;  // 0.96 ms between tries
+	auto [ch, cq, buf] = event_sender();
+	PairOpts o = rnr_opts(7, 14);  // 0.96 ms between tries
 	Pair p = rc_pair(cq, cq, pcq, o);
 	ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 	SendWr s(1, IBV_WR_SEND, buf->addr(), 128, buf->lkey());
@@ -1531,8 +1526,7 @@ TEST_F(CompletionEvents, UnarmedCqStaysQuiet)
 {
 	uint64_t pcq = peer_cq(64, true);
 	PeerMr rbuf = peer_mr(4096, IBV_ACCESS_LOCAL_WRITE, 0x77);
-	ibv_cq *cq = me().cq(64);
-	Buffer *buf = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+	auto [cq, buf] = sender();
 	Pair p = rc_pair(cq, cq, pcq);
 	peer_post_recv(p.peer.id, rbuf, 0, 256, 10);
 	peer().send(Msg("wait_cq_event").set("cq", pcq).set("timeout_ms", 400));

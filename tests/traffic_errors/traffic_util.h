@@ -333,7 +333,10 @@ using xsrc::harness::qp_state;
 
 // --- posting -----------------------------------------------------------------
 
-inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
+// One receive with one SGE, posted by `post` (ibv_post_recv or ibv_post_srq_recv).
+template <typename Queue>
+inline int post_one_recv(int (*post)(Queue *, ibv_recv_wr *, ibv_recv_wr **), Queue *q, uint64_t wr_id,
+			 uint64_t addr, uint32_t len, uint32_t lkey)
 {
 	ibv_sge sge{addr, len, lkey};
 	ibv_recv_wr wr{};
@@ -341,18 +344,17 @@ inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, ui
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
 	ibv_recv_wr *bad = nullptr;
-	return ibv_post_recv(qp, &wr, &bad);
+	return post(q, &wr, &bad);
+}
+
+inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
+{
+	return post_one_recv(ibv_post_recv, qp, wr_id, addr, len, lkey);
 }
 
 inline int post_srq_recv(ibv_srq *srq, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
 {
-	ibv_sge sge{addr, len, lkey};
-	ibv_recv_wr wr{};
-	wr.wr_id = wr_id;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	ibv_recv_wr *bad = nullptr;
-	return ibv_post_srq_recv(srq, &wr, &bad);
+	return post_one_recv(ibv_post_srq_recv, srq, wr_id, addr, len, lkey);
 }
 
 // One work request with one SGE (num_sge 0 when len == 0).
