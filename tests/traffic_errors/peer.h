@@ -1,7 +1,7 @@
 // The other process of every traffic_errors case. The test binary re-execs
 // itself as `--peer LINK_FD SCRATCH_FD` (harness/child.h): a fresh process that shares nothing
 // verbs-related with the test, opens its own context on the test device and
-// then serves commands (Msg, "cmd=...") over a SOCK_SEQPACKET socketpair:
+// then serves commands (Msg, "cmd=...") over the harness link (a socketpair):
 // create CQs/SRQs/MRs/QPs, connect them, post receives, poll, check memory,
 // wait for events, run a receive sink or an atomic hammer. SCRATCH_FD is a
 // memfd both processes map, for results too big for a message.
