@@ -10,26 +10,41 @@
 
 namespace xsrc::harness {
 
-long device_objects(const std::string &device)
+std::optional<DeviceStatus> device_status(const std::string &device)
 {
 	const char *xsrc = getenv("XSRC");
-	std::string cmd = std::string(xsrc ? xsrc : "xsrc") + " status 2>/dev/null";
+	std::string cmd = std::string(xsrc && *xsrc ? xsrc : "xsrc") + " status 2>/dev/null";
 	FILE *p = popen(cmd.c_str(), "r");
 	if (!p)
-		return -1;
+		return std::nullopt;
+	std::optional<DeviceStatus> found;
 	char line[512];
-	long objects = -1;
 	while (fgets(line, sizeof(line), p)) {
-		std::istringstream f(line);
-		std::string name, field;
-		if (!(f >> name) || name != device)
+		std::istringstream fields(line);
+		std::string field;
+		if (found || !(fields >> field) || field != device)
 			continue;
-		while (f >> field)
-			if (field.rfind("objects=", 0) == 0)
-				objects = std::stol(field.substr(8));
+		DeviceStatus &st = found.emplace();
+		while (fields >> field) {
+			auto value = field.substr(field.find('=') + 1);
+			if (field.starts_with("netdev="))
+				st.netdev = value;
+			else if (field.starts_with("port="))
+				st.port = value;
+			else if (field.starts_with("contexts="))
+				st.contexts = std::stoi(value);
+			else if (field.starts_with("objects="))
+				st.objects = std::stoi(value);
+		}
 	}
 	pclose(p);
-	return objects;
+	return found;
+}
+
+long device_objects(const std::string &device)
+{
+	auto st = device_status(device);
+	return st ? st->objects : -1;
 }
 
 long proc_status_kb(pid_t pid, const std::string &field)

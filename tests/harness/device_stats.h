@@ -5,11 +5,21 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 
 namespace xsrc::harness {
 
-// objects= of `device` in `xsrc status` ($XSRC, else xsrc on PATH).
+// The `xsrc status` line of a device ($XSRC, else xsrc on PATH).
+struct DeviceStatus {
+	std::string netdev;
+	std::string port;
+	int contexts = -1;
+	int objects = -1;
+};
+// nullopt when `device` is not listed.
+std::optional<DeviceStatus> device_status(const std::string &device);
+// Its objects= figure.
 long device_objects(const std::string &device);
 // A field of /proc/PID/status in kB ("VmRSS", "RssAnon").
 long proc_status_kb(pid_t pid, const std::string &field);

@@ -1,5 +1,5 @@
 // Helpers of the XRC tests: a second process to talk to (the test binary
-// re-exec'd, spoken to over a SOCK_SEQPACKET socketpair with bounded waits),
+// re-exec'd, spoken to over the harness link (a socketpair) with bounded waits),
 // owning wrappers for verbs objects, and the steps that bring XRC QPs up.
 #pragma once
 
