@@ -68,7 +68,7 @@ TEST_F(CompletionEvents, SolicitedOnlyIgnoresUnsolicited)
 	ASSERT_EQ(got.size(), 1u);
 	EXPECT_EQ(got[0].wr_id, 11u);
 	EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
-	auto mine = poll_n(cq, 2, 2s);
+	auto mine = poll_completions(cq, 2, 2s);
 	EXPECT_EQ(mine.size(), 2u) << describe(mine);
 }
 

@@ -35,8 +35,8 @@ TEST_F(Flush, ModifyToErrorFlushesEverything)
 	EXPECT_EQ(qp_state(p.qp), IBV_QPS_RTS);
 
 	to_error(p.qp);
-	auto sends = poll_n(scq, 4, 5s);
-	auto recvs = poll_n(rcq, 4, 5s);
+	auto sends = poll_completions(scq, 4, 5s);
+	auto recvs = poll_completions(rcq, 4, 5s);
 	ASSERT_EQ(sends.size(), 4u) << "send flushes:" << describe(sends);
 	ASSERT_EQ(recvs.size(), 4u) << "receive flushes:" << describe(recvs);
 	for (size_t i = 0; i < 4; ++i) {
@@ -55,8 +55,8 @@ TEST_F(Flush, ModifyToErrorFlushesEverything)
 	ASSERT_EQ(s.post(p.qp), 0);
 	SendWr w(32, IBV_WR_RDMA_WRITE, buf->addr(), 32, buf->lkey(), 0);  // unsignaled
 	ASSERT_EQ(w.rdma(0x1000, 0x1234).post(p.qp), 0);
-	auto r2 = poll_n(rcq, 1, 2s);
-	auto s2 = poll_n(scq, 2, 2s);
+	auto r2 = poll_completions(rcq, 1, 2s);
+	auto s2 = poll_completions(scq, 2, 2s);
 	ASSERT_EQ(r2.size(), 1u);
 	EXPECT_EQ(r2[0].wr_id, 21u);
 	EXPECT_EQ(r2[0].status, IBV_WC_WR_FLUSH_ERR) << status_str(r2[0].status);
@@ -93,7 +93,7 @@ TEST_F(Flush, IdleQpToErrorFlushesReceivesOnly)
 	EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
 
 	to_error(p.qp);
-	auto flushed = poll_n(cq, 3, 5s);
+	auto flushed = poll_completions(cq, 3, 5s);
 	ASSERT_EQ(flushed.size(), 3u) << describe(flushed);
 	for (size_t i = 0; i < 3; ++i) {
 		EXPECT_EQ(flushed[i].wr_id, i + 1);
@@ -377,7 +377,7 @@ TEST_F(DeadPeer, RnrBlockedWorkFailsWhenPeerDies)
 	ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
 	peer().kill();
 	ASSERT_EQ(wait_cq_event(ch, kRetryBound), cq) << "blocked work did not complete after the peer died";
-	auto wcs = poll_n(cq, 3, 2s);
+	auto wcs = poll_completions(cq, 3, 2s);
 	ASSERT_EQ(wcs.size(), 3u) << describe(wcs);
 	EXPECT_EQ(wcs[0].wr_id, 1u);
 	EXPECT_EQ(wcs[0].status, IBV_WC_RETRY_EXC_ERR) << status_str(wcs[0].status);

@@ -265,7 +265,7 @@ TEST_F(CqOverrun, OverrunRaisesCqErr)
 		EXPECT_EQ(ev.u64("cq_match", 0), 1u) << "CQ_ERR names another CQ";
 	}
 	// Our side completes every SEND (whatever the status) within a bound.
-	auto wcs = poll_n(cq, static_cast<size_t>(sends), 5s);
+	auto wcs = poll_completions(cq, static_cast<size_t>(sends), 5s);
 	EXPECT_EQ(wcs.size(), static_cast<size_t>(sends)) << describe(wcs);
 	auto polled = peer_poll(pcq, 64, 100ms);
 	EXPECT_LE(polled.size(), static_cast<size_t>(actual)) << "a CQ of " << actual << " returned more";

@@ -199,7 +199,7 @@ private:
 			return r;
 		}
 		if (cmd == "poll") {
-			auto wcs = poll_n(at(cqs_, m.u64("cq"), "cq"), m.u64("n", 1), ms(m.u64("timeout_ms", 1000)));
+			auto wcs = poll_completions(at(cqs_, m.u64("cq"), "cq"), m.u64("n", 1), ms(m.u64("timeout_ms", 1000)));
 			put_wcs(r, wcs);
 			return r;
 		}

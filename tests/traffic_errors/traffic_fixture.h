@@ -202,7 +202,7 @@ protected:
 // One completion within `timeout` (a failure if none).
 inline ::testing::AssertionResult one_completion(ibv_cq *cq, ibv_wc *out, ms timeout = 5s)
 {
-	auto wcs = poll_n(cq, 1, timeout);
+	auto wcs = poll_completions(cq, 1, timeout);
 	if (wcs.empty())
 		return ::testing::AssertionFailure() << "no completion within " << timeout.count() << " ms";
 	*out = wcs[0];
@@ -219,7 +219,7 @@ inline void expect_error_state_flushes(ibv_qp *qp, ibv_cq *cq, Buffer *src, uint
 	EXPECT_EQ(w.post(qp), 0) << "post_send on an ERR QP";
 	SendWr s(9002, IBV_WR_SEND, src->addr(), 8, src->lkey());
 	EXPECT_EQ(s.post(qp), 0) << "post_send on an ERR QP";
-	auto wcs = poll_n(cq, 2, 5s);
+	auto wcs = poll_completions(cq, 2, 5s);
 	ASSERT_EQ(wcs.size(), 2u) << "flush completions:" << describe(wcs);
 	EXPECT_EQ(wcs[0].wr_id, 9001u);
 	EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR) << status_str(wcs[0].status);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "device_test_util.h"
+#include "harness/completions.h"
 #include "harness/link.h"
 #include "harness/qp_connect.h"
 
@@ -403,30 +404,12 @@ struct SendWr {
 
 // --- completions -------------------------------------------------------------
 
-// Up to `n` completions, polling until they are there or `timeout` passed.
-inline std::vector<ibv_wc> poll_n(ibv_cq *cq, size_t n, ms timeout)
-{
-	std::vector<ibv_wc> out;
-	auto deadline = Clock::now() + timeout;
-	while (out.size() < n) {
-		ibv_wc wc[16];
-		int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
-		if (got < 0)
-			fail("ibv_poll_cq returned " + std::to_string(got));
-		out.insert(out.end(), wc, wc + got);
-		if (got == 0) {
-			if (Clock::now() >= deadline)
-				break;
-			std::this_thread::sleep_for(200us);
-		}
-	}
-	return out;
-}
+using xsrc::harness::poll_completions;
 
 // Everything that arrives within `quiet` (expected: nothing).
 inline std::vector<ibv_wc> poll_quiet(ibv_cq *cq, ms quiet)
 {
-	return poll_n(cq, 1024, quiet);
+	return poll_completions(cq, 1024, quiet);
 }
 
 inline std::string describe(const std::vector<ibv_wc> &wcs)

@@ -77,7 +77,7 @@ ibv_wr_opcode opcode_of(const std::string &op)
 // Waits for `n` completions of the send CQ and puts them into the reply.
 void collect(PeerState &s, size_t n, Msg &reply)
 {
-	auto wcs = poll_cq(s.cq.get(), n, kCompletionWait);
+	auto wcs = poll_completions(s.cq.get(), n, kCompletionWait);
 	std::string statuses, opcodes, lens, ids;
 	for (auto &wc : wcs) {
 		statuses += std::to_string(wc.status) + ",";

@@ -114,7 +114,7 @@ struct SrqSlots {
 void expect_messages(const SrqSlots &s, uint32_t qpn, const std::vector<uint64_t> &seqs,
 		     uint64_t first_wr_id, uint32_t len, uint64_t imm_every = 0)
 {
-	auto wcs = poll_cq(s.cq, seqs.size(), 2s);
+	auto wcs = poll_completions(s.cq, seqs.size(), 2s);
 	ASSERT_EQ(wcs.size(), seqs.size()) << "completions on the CQ of SRQ " << s.srqn;
 	for (size_t k = 0; k < wcs.size(); ++k) {
 		const ibv_wc &wc = wcs[k];
@@ -533,7 +533,7 @@ TEST(XrcRdma, WriteReadAtomicsToSrqOwnerMemory)
 	expect_done(wi, IBV_WC_RDMA_WRITE, 64);
 	for (size_t j = 0; j < 64; ++j)
 		ASSERT_EQ(region[12288 + j], pattern(3, j)) << "byte " << j;
-	auto wcs = poll_cq(cq.get(), 1, 2s);
+	auto wcs = poll_completions(cq.get(), 1, 2s);
 	ASSERT_EQ(wcs.size(), 1u);
 	EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
 	EXPECT_EQ(wcs[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
@@ -935,7 +935,7 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 		ASSERT_EQ(region[j], pattern(11, j)) << "written byte " << j;
 
 	// SRQ 0: messages 0 (64 B), 3 (100 B), 4 (64 B, imm 68).
-	auto w0 = poll_cq(cq0.get(), 3, 2s);
+	auto w0 = poll_completions(cq0.get(), 3, 2s);
 	ASSERT_EQ(w0.size(), 3u);
 	const uint64_t seq0[] = {0, 3, 4};
 	const uint32_t len0[] = {64, 100, 64};
@@ -949,7 +949,7 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 	EXPECT_TRUE(w0[2].wc_flags & IBV_WC_WITH_IMM);
 	EXPECT_EQ(be32toh(w0[2].imm_data), 68u);
 	// SRQ 1: messages 1 (imm 2748) and 2 (inline, 48 B).
-	auto w1 = poll_cq(cq1.get(), 2, 2s);
+	auto w1 = poll_completions(cq1.get(), 2, 2s);
 	ASSERT_EQ(w1.size(), 2u);
 	EXPECT_EQ(w1[0].wr_id, 0u);
 	EXPECT_TRUE(w1[0].wc_flags & IBV_WC_WITH_IMM);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "harness/child.h"
+#include "harness/completions.h"
 #include "harness/qp_connect.h"
 
 namespace xrc_test {
@@ -260,30 +261,12 @@ inline QpPtr create_xrc_recv_qp(ibv_context *ctx, ibv_xrcd *xrcd, unsigned acces
 
 constexpr unsigned kRemoteAll = xsrc::harness::kRemoteAccessAll;
 
-// Polls until `n` completions came or `timeout` passed; returns what came.
-inline std::vector<ibv_wc> poll_cq(ibv_cq *cq, size_t n, ms timeout)
-{
-	std::vector<ibv_wc> out;
-	auto deadline = std::chrono::steady_clock::now() + timeout;
-	while (out.size() < n) {
-		ibv_wc wc[16];
-		int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
-		if (got < 0)
-			fail("ibv_poll_cq: " + std::to_string(got));
-		out.insert(out.end(), wc, wc + got);
-		if (got == 0) {
-			if (std::chrono::steady_clock::now() >= deadline)
-				break;
-			std::this_thread::sleep_for(200us);
-		}
-	}
-	return out;
-}
+using xsrc::harness::poll_completions;
 
 // Completions that are there although none should be (after a short settle).
 inline size_t stray_completions(ibv_cq *cq, ms settle = 50ms)
 {
-	return poll_cq(cq, 1024, settle).size();
+	return poll_completions(cq, 1024, settle).size();
 }
 
 inline void post_srq_recv(ibv_srq *srq, uint64_t wr_id, void *addr, uint32_t len, uint32_t lkey)
