@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
 #include "harness/child.h"
 #include "harness/device_stats.h"
 #include "harness/qp_connect.h"
@@ -149,7 +150,7 @@ struct Worker {
 	ibv_cq *recv_cq = nullptr;
 	ibv_srq *srq = nullptr;
 	ibv_xrcd *xrcd = nullptr;
-	int xrcd_fd = -1;
+	xsrc::unique_fd xrcd_fd;
 	ibv_mr *mr = nullptr;
 	std::vector<uint8_t> recv_buf;
 	std::vector<ibv_qp *> send_qps;   // RC: index = peer; XRC: [0]
@@ -245,12 +246,12 @@ struct Worker {
 	{
 		WorkerInfo &info = g_shared->w[me];
 		if (xrc) {
-			xrcd_fd = ::open(domain_file.c_str(), O_RDONLY);
-			if (xrcd_fd < 0)
+			xrcd_fd.reset(::open(domain_file.c_str(), O_RDONLY));
+			if (!xrcd_fd)
 				fail("open " + domain_file + ": " + err_text(errno));
 			ibv_xrcd_init_attr xa{};
 			xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-			xa.fd = xrcd_fd;
+			xa.fd = xrcd_fd.get();
 			xa.oflags = O_CREAT;
 			if (!(xrcd = ibv_open_xrcd(ctx, &xa)))
 				fail("ibv_open_xrcd: " + err_text(errno));
@@ -495,8 +496,7 @@ struct Worker {
 			ibv_destroy_srq(srq);
 		if (xrcd)
 			ibv_close_xrcd(xrcd);
-		if (xrcd_fd >= 0)
-			close(xrcd_fd);
+		xrcd_fd.reset();
 		if (mr)
 			ibv_dereg_mr(mr);
 		if (recv_cq)

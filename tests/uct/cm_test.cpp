@@ -382,15 +382,15 @@ TEST_F(Cm, ClientDeathIsADisconnect)
 TEST(CmClient, NoServerIsUnreachable)
 {
 	// A port nobody listens on: bind one, then close it.
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	ASSERT_GE(fd, 0);
+	xsrc::unique_fd fd(socket(AF_INET, SOCK_STREAM, 0));
+	ASSERT_GE(fd.get(), 0);
 	sockaddr_in sin{};
 	sin.sin_family = AF_INET;
 	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	socklen_t len = sizeof(sin);
-	ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&sin), sizeof(sin)), 0);
-	ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&sin), &len), 0);
-	close(fd);
+	ASSERT_EQ(bind(fd.get(), reinterpret_cast<sockaddr *>(&sin), sizeof(sin)), 0);
+	ASSERT_EQ(getsockname(fd.get(), reinterpret_cast<sockaddr *>(&sin), &len), 0);
+	fd.reset();
 
 	Side side;
 	ASSERT_EQ(side.open(), UCS_OK);

@@ -31,7 +31,7 @@ struct PeerState {
 	CqPtr cq;
 	std::vector<uint8_t> buf = std::vector<uint8_t>(kBufBytes);
 	MrPtr mr;
-	std::map<uint64_t, int> files;
+	std::map<uint64_t, xsrc::unique_fd> files;
 	std::map<uint64_t, XrcdPtr> xrcds;    // after files, before the QPs in them
 	std::map<uint64_t, QpPtr> opened;     // XRC receive QPs opened by number
 	std::map<uint64_t, QpPtr> send_qps;
@@ -42,8 +42,7 @@ struct PeerState {
 		send_qps.clear();
 		opened.clear();
 		xrcds.clear();
-		for (auto &[id, fd] : files)
-			close(fd);
+		files.clear();
 	}
 
 	ibv_qp *send_qp(const Msg &m)
@@ -276,17 +275,14 @@ Msg cmd_wr_batch(PeerState &s, const Msg &m)
 
 Msg cmd_open_xrcd(PeerState &s, const Msg &m)
 {
-	int fd = open(m.str("path").c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	xsrc::unique_fd fd(open(m.str("path").c_str(), O_RDONLY | O_CLOEXEC));
+	if (!fd)
 		fail("open " + m.str("path") + ": " + errno_text(errno));
-	ibv_xrcd *x = open_xrcd_raw(s.ctx.get(), fd, static_cast<int>(m.u64("oflags", 0)));
-	if (!x) {
-		int err = errno;
-		close(fd);
-		return Msg().set("errno", err);
-	}
+	ibv_xrcd *x = open_xrcd_raw(s.ctx.get(), fd.get(), static_cast<int>(m.u64("oflags", 0)));
+	if (!x)
+		return Msg().set("errno", errno);
 	uint64_t id = s.next_id++;
-	s.files[id] = fd;
+	s.files[id] = std::move(fd);
 	s.xrcds[id] = XrcdPtr(x);
 	return Msg().set("errno", 0).set("id", id);
 }
@@ -299,7 +295,6 @@ Msg cmd_close_xrcd(PeerState &s, const Msg &m)
 		fail("no xrcd " + m.str("id"));
 	int err = ibv_close_xrcd(it->second.release());
 	s.xrcds.erase(it);
-	close(s.files[id]);
 	s.files.erase(id);
 	return Msg().set("ret", err);
 }
@@ -414,10 +409,10 @@ int peer_main(Link &link, const std::vector<std::string> &args)
 int holder_main(Link &link, const std::vector<std::string> &args)
 {
 	CtxPtr ctx = open_device(args.at(0));
-	int fd = open(args.at(1).c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	xsrc::unique_fd fd(open(args.at(1).c_str(), O_RDONLY | O_CLOEXEC));
+	if (!fd)
 		fail("open " + args.at(1) + ": " + errno_text(errno));
-	XrcdPtr xrcd = open_xrcd(ctx.get(), fd, O_CREAT);
+	XrcdPtr xrcd = open_xrcd(ctx.get(), fd.get(), O_CREAT);
 	PdPtr pd = alloc_pd(ctx.get());
 	CqPtr cq = create_cq(ctx.get());
 	std::vector<uint8_t> buf(4096);

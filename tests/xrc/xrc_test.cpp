@@ -24,20 +24,21 @@ namespace {
 // A file to name an XRC domain by; removed afterwards.
 struct TempFile {
 	std::string path;
-	int fd = -1;
+	xsrc::unique_fd file;
 	TempFile()
 	{
 		char p[] = "/tmp/xrc_test_XXXXXX";
-		fd = mkstemp(p);
-		if (fd < 0)
+		file.reset(mkstemp(p));
+		if (!file)
 			fail("mkstemp: " + errno_text(errno));
 		path = p;
 	}
 	~TempFile()
 	{
-		close(fd);
+		file.reset();
 		unlink(path.c_str());
 	}
+	int fd() const { return file.get(); }
 };
 
 // B: the peer process.
@@ -166,7 +167,7 @@ TEST(XrcDomain, SharedByFileAcrossProcesses)
 	TempFile file;
 	CtxPtr ctx = open_device(test_device());
 	PdPtr pd = alloc_pd(ctx.get());
-	XrcdPtr xrcd = open_xrcd(ctx.get(), file.fd, O_CREAT);
+	XrcdPtr xrcd = open_xrcd(ctx.get(), file.fd(), O_CREAT);
 	CqPtr cq = create_cq(ctx.get());
 	std::vector<uint8_t> buf(16 * 256);
 	MrPtr mr = reg_mr(pd.get(), buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
@@ -230,7 +231,7 @@ TEST(XrcDomain, SharedByFileAcrossProcesses)
 	// B's handle was the last on the domain: the file has none any more.
 	EXPECT_EQ(b.call(Msg().set("cmd", "close_xrcd").set("id", x.u64("id"))).u64("ret"), 0u);
 	errno = 0;
-	ibv_xrcd *again = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *again = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(again, nullptr) << "the domain outlived its last handle";
 	EXPECT_EQ(errno, EAGAIN);
 	if (again)
@@ -245,7 +246,7 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	TempFile file, other;
 	CtxPtr ctx = open_device(test_device());
 	errno = 0;
-	ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(none, nullptr) << "ibv_open_xrcd without O_CREAT on a file with no domain";
 	EXPECT_EQ(errno, EAGAIN);
 	if (none)
@@ -259,16 +260,16 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	if (badf)
 		ibv_close_xrcd(badf);
 
-	XrcdPtr made = open_xrcd(ctx.get(), file.fd, O_CREAT);
-	XrcdPtr again = open_xrcd(ctx.get(), file.fd, 0);
-	XrcdPtr created_again = open_xrcd(ctx.get(), file.fd, O_CREAT);  // exists: just opens
+	XrcdPtr made = open_xrcd(ctx.get(), file.fd(), O_CREAT);
+	XrcdPtr again = open_xrcd(ctx.get(), file.fd(), 0);
+	XrcdPtr created_again = open_xrcd(ctx.get(), file.fd(), O_CREAT);  // exists: just opens
 	errno = 0;
-	ibv_xrcd *excl = open_xrcd_raw(ctx.get(), file.fd, O_CREAT | O_EXCL);
+	ibv_xrcd *excl = open_xrcd_raw(ctx.get(), file.fd(), O_CREAT | O_EXCL);
 	EXPECT_EQ(excl, nullptr) << "O_EXCL on a file that has a domain";
 	EXPECT_EQ(errno, EINVAL);
 	if (excl)
 		ibv_close_xrcd(excl);
-	XrcdPtr foreign = open_xrcd(ctx.get(), other.fd, O_CREAT);
+	XrcdPtr foreign = open_xrcd(ctx.get(), other.fd(), O_CREAT);
 
 	// One domain: a receive QP made through one handle opens through another
 	// of the same file, not through the other file's.
@@ -299,7 +300,7 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	again.reset();
 	created_again.reset();
 	errno = 0;
-	ibv_xrcd *after = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *after = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(after, nullptr) << "the domain outlived its handles";
 	EXPECT_EQ(errno, EAGAIN);
 	if (after)
@@ -366,22 +367,22 @@ TEST(XrcDomainInode, ReusedInodeNumberIsNotTheOldDomain)
 {
 	CtxPtr ctx = open_device(test_device());
 	char p1[] = "/tmp/xrc_test_XXXXXX";
-	int fd1 = mkstemp(p1);
-	ASSERT_GE(fd1, 0);
+	xsrc::unique_fd fd1(mkstemp(p1));
+	ASSERT_GE(fd1.get(), 0);
 	struct stat st1;
-	ASSERT_EQ(fstat(fd1, &st1), 0);
-	XrcdPtr old_domain = open_xrcd(ctx.get(), fd1, O_CREAT);
+	ASSERT_EQ(fstat(fd1.get(), &st1), 0);
+	XrcdPtr old_domain = open_xrcd(ctx.get(), fd1.get(), O_CREAT);
 	QpPtr rqp = create_xrc_recv_qp(ctx.get(), old_domain.get(), 0);
-	close(fd1);
+	fd1.reset();
 	unlink(p1);
 
 	TempFile f2;
 	struct stat st2;
-	ASSERT_EQ(fstat(f2.fd, &st2), 0);
+	ASSERT_EQ(fstat(f2.fd(), &st2), 0);
 	if (st1.st_dev != st2.st_dev || st1.st_ino != st2.st_ino)
 		GTEST_SKIP() << "the file system did not reuse the inode number";
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(ctx.get(), f2.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(ctx.get(), f2.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "a new file with a reused inode number opened a live domain of another file";
 	EXPECT_EQ(errno, EAGAIN);
 	if (x) {
@@ -572,8 +573,8 @@ TEST(XrcErrors, BadSrqNumbers)
 	TempFile f1, f2;
 	CtxPtr ctx = open_device(test_device());
 	PdPtr pd = alloc_pd(ctx.get());
-	XrcdPtr xrcd1 = open_xrcd(ctx.get(), f1.fd, O_CREAT);
-	XrcdPtr xrcd2 = open_xrcd(ctx.get(), f2.fd, O_CREAT);
+	XrcdPtr xrcd1 = open_xrcd(ctx.get(), f1.fd(), O_CREAT);
+	XrcdPtr xrcd2 = open_xrcd(ctx.get(), f2.fd(), O_CREAT);
 	CqPtr cq1 = create_cq(ctx.get());
 	CqPtr cq2 = create_cq(ctx.get());
 	std::vector<uint8_t> buf(2 * 8 * 128);
@@ -685,7 +686,7 @@ TEST(XrcCleanup, LastOpenerKilled)
 	{
 		// The domain is there: it opens without O_CREAT, and so does its QP.
 		CtxPtr ctx = open_device(dev.name());
-		XrcdPtr x = open_xrcd(ctx.get(), file.fd, 0);
+		XrcdPtr x = open_xrcd(ctx.get(), file.fd(), 0);
 		QpPtr qp(open_recv_qp(ctx.get(), x.get(), static_cast<uint32_t>(ready.u64("qpn"))));
 		EXPECT_NE(qp, nullptr) << errno_text(errno);
 	}
@@ -697,13 +698,13 @@ TEST(XrcCleanup, LastOpenerKilled)
 
 	CtxPtr ctx = open_device(dev.name());
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "the domain outlived its only opener";
 	EXPECT_EQ(errno, EAGAIN);
 	if (x)
 		ibv_close_xrcd(x);
 	// A new domain of the file does not have the dead one's receive QP.
-	XrcdPtr fresh = open_xrcd(ctx.get(), file.fd, O_CREAT);
+	XrcdPtr fresh = open_xrcd(ctx.get(), file.fd(), O_CREAT);
 	errno = 0;
 	QpPtr old(open_recv_qp(ctx.get(), fresh.get(), static_cast<uint32_t>(ready.u64("qpn"))));
 	EXPECT_EQ(old, nullptr);
@@ -724,7 +725,7 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 		Child holder("holder", {dev.name(), file.path});
 		Msg ready = holder.link().expect(10s, "the holder's objects");
 		const uint32_t qpn = static_cast<uint32_t>(ready.u64("qpn"));
-		XrcdPtr x = open_xrcd(ctx.get(), file.fd, 0);
+		XrcdPtr x = open_xrcd(ctx.get(), file.fd(), 0);
 		QpPtr qp(open_recv_qp(ctx.get(), x.get(), qpn));
 		ASSERT_NE(qp, nullptr) << errno_text(errno);
 
@@ -758,7 +759,7 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 			EXPECT_EQ(stray_completions(cq.get()), 0u);
 		}
 
-		XrcdPtr second = open_xrcd(ctx.get(), file.fd, 0);  // the domain is still there
+		XrcdPtr second = open_xrcd(ctx.get(), file.fd(), 0);  // the domain is still there
 		QpPtr qp2(open_recv_qp(ctx.get(), second.get(), qpn));
 		EXPECT_NE(qp2, nullptr) << errno_text(errno);
 		qp2.reset();
@@ -768,7 +769,7 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 		qp.reset();
 		x.reset();
 		errno = 0;
-		ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd, 0);
+		ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd(), 0);
 		EXPECT_EQ(none, nullptr);
 		EXPECT_EQ(errno, EAGAIN);
 		if (none)
@@ -787,14 +788,14 @@ TEST(XrcDevices, DomainsArePerDevice)
 	TempFile file;
 	CtxPtr main_ctx = open_device(test_device());
 	CtxPtr other_ctx = open_device(dev.name());
-	XrcdPtr on_main = open_xrcd(main_ctx.get(), file.fd, O_CREAT);
+	XrcdPtr on_main = open_xrcd(main_ctx.get(), file.fd(), O_CREAT);
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(other_ctx.get(), file.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(other_ctx.get(), file.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "the domain of " << test_device() << " opened on " << dev.name();
 	EXPECT_EQ(errno, EAGAIN);
 	if (x)
 		ibv_close_xrcd(x);
-	XrcdPtr on_other = open_xrcd(other_ctx.get(), file.fd, O_CREAT | O_EXCL);  // a new one there
+	XrcdPtr on_other = open_xrcd(other_ctx.get(), file.fd(), O_CREAT | O_EXCL);  // a new one there
 }
 
 // ---- events ---------------------------------------------------------------------------
