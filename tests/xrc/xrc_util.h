@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_test_util.h"
 #include "harness/child.h"
 #include "harness/completions.h"
 #include "harness/qp_connect.h"
@@ -100,31 +101,15 @@ using QpPtr = std::unique_ptr<ibv_qp, Destroy<ibv_destroy_qp>>;
 inline int close_xrcd(ibv_xrcd *x) { return ibv_close_xrcd(x); }
 using XrcdPtr = std::unique_ptr<ibv_xrcd, Destroy<close_xrcd>>;
 
-inline std::string test_device()
-{
-	const char *v = getenv("XSRC_TEST_DEVICE");
-	return v && *v ? v : "xsrc0";
-}
+using xsrc_test::test_device;
 
 constexpr int kGidIndex = 1;  // the port's first IPv4-mapped RoCE v2 GID
 
 inline CtxPtr open_device(const std::string &name)
 {
-	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
-	if (!list)
-		fail("ibv_get_device_list: " + errno_text(errno));
-	ibv_context *ctx = nullptr;
-	int err = ENODEV;
-	for (int i = 0; i < n; ++i)
-		if (name == ibv_get_device_name(list[i])) {
-			ctx = ibv_open_device(list[i]);
-			err = errno;
-			break;
-		}
-	ibv_free_device_list(list);
+	ibv_context *ctx = xsrc_test::open_device(name);
 	if (!ctx)
-		fail("cannot open " + name + ": " + errno_text(err));
+		fail("cannot open " + name + ": " + errno_text(errno));
 	return CtxPtr(ctx);
 }
 
