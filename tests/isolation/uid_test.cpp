@@ -125,19 +125,18 @@ void sync_point(uint32_t tag)
 
 void connect_link(const char *host, const char *port)
 {
-	int link_fd = -1;
+	xsrc::unique_fd link;
 	if (!host) {
-		int ls = socket(AF_INET, SOCK_STREAM, 0);
+		xsrc::unique_fd ls(socket(AF_INET, SOCK_STREAM, 0));
 		int one = 1;
-		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		setsockopt(ls.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		sockaddr_in a{};
 		a.sin_family = AF_INET;
 		a.sin_port = htons(static_cast<uint16_t>(atoi(port)));
 		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		if (bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof(a)) || listen(ls, 1))
+		if (bind(ls.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a)) || listen(ls.get(), 1))
 			die("listen");
-		link_fd = accept(ls, nullptr, nullptr);
-		close(ls);
+		link.reset(accept(ls.get(), nullptr, nullptr));
 	} else {
 		addrinfo hints{}, *res;
 		hints.ai_family = AF_INET;
@@ -145,18 +144,17 @@ void connect_link(const char *host, const char *port)
 		if (getaddrinfo(host, port, &hints, &res))
 			die("getaddrinfo");
 		for (int i = 0; i < 100; ++i) {
-			link_fd = socket(AF_INET, SOCK_STREAM, 0);
-			if (connect(link_fd, res->ai_addr, res->ai_addrlen) == 0)
+			link.reset(socket(AF_INET, SOCK_STREAM, 0));
+			if (connect(link.get(), res->ai_addr, res->ai_addrlen) == 0)
 				break;
-			close(link_fd);
-			link_fd = -1;
+			link.reset();
 			std::this_thread::sleep_for(std::chrono::milliseconds(100));
 		}
 		freeaddrinfo(res);
 	}
-	if (link_fd < 0)
+	if (!link)
 		die("connect");
-	g_link = xsrc::harness::Link(xsrc::unique_fd(link_fd));
+	g_link = xsrc::harness::Link(std::move(link));
 }
 
 // --- verbs ----------------------------------------------------------------------------
