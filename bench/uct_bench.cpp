@@ -18,28 +18,18 @@
 #include <cstring>
 #include <sched.h>
 #include <string>
-#include <sys/select.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
+
+#include "harness/child.h"
+#include "harness/uct_iface.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool io_all(int fd, void *p, size_t n, bool wr)
-{
-	auto *c = static_cast<char *>(p);
-	while (n) {
-		ssize_t r = wr ? write(fd, c, n) : read(fd, c, n);
-		if (r <= 0)
-			return false;
-		c += r;
-		n -= static_cast<size_t>(r);
-	}
-	return true;
-}
+using xsrc::harness::Link;
 
 [[noreturn]] void fail(const char *what, ucs_status_t st)
 {
@@ -47,13 +37,8 @@ bool io_all(int fd, void *p, size_t n, bool wr)
 	exit(1);
 }
 
-struct Side {
-	ucs_async_context_t *async = nullptr;
-	uct_worker_h worker = nullptr;
-	uct_md_h md = nullptr;
-	uct_iface_h iface = nullptr;
+struct Side : xsrc::harness::UctIface {
 	uct_ep_h ep = nullptr;
-	uct_iface_attr_t attr{};
 	char *mem = nullptr;
 	size_t len = 0;
 	uct_mem_h memh = nullptr;
@@ -64,21 +49,12 @@ struct Side {
 	void open(const char *dev, size_t bytes)
 	{
 		ucs_status_t st;
-		if ((st = ucs_async_context_create(UCS_ASYNC_MODE_POLL, &async)) != UCS_OK)
-			fail("async", st);
-		if ((st = uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker)) != UCS_OK)
-			fail("worker", st);
+		if ((st = open_worker()) != UCS_OK)
+			fail("async/worker", st);
 		if ((st = xsrc_uct_md_open(dev, nullptr, &md)) != UCS_OK)
 			fail("md_open", st);
-		std::string d = std::string(dev) + ":1";
-		uct_iface_params_t p{};
-		p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE;
-		p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
-		p.mode.device.tl_name = XSRC_UCT_TL_NAME;
-		p.mode.device.dev_name = d.c_str();
-		if ((st = xsrc_uct_iface_open(md, worker, &p, nullptr, &iface)) != UCS_OK)
+		if ((st = open_iface(std::string(dev) + ":1")) != UCS_OK)
 			fail("iface_open", st);
-		uct_iface_query(iface, &attr);
 		len = std::max<size_t>(bytes, 4096) * 2;
 		mem = static_cast<char *>(aligned_alloc(4096, (len + 4095) / 4096 * 4096));
 		memset(mem, 0, len);
@@ -91,15 +67,16 @@ struct Side {
 			fail("ep_create", st);
 	}
 
-	void connect(int fd)
+	void connect(const Link &link)
 	{
-		std::vector<char> mine(attr.device_addr_len + attr.ep_addr_len + 16), theirs(mine.size());
+		std::string mine(attr.device_addr_len + attr.ep_addr_len + 16, '\0'), theirs;
 		uct_iface_get_device_address(iface, reinterpret_cast<uct_device_addr_t *>(mine.data()));
 		uct_ep_get_address(ep, reinterpret_cast<uct_ep_addr_t *>(mine.data() + attr.device_addr_len));
 		uint64_t a = reinterpret_cast<uintptr_t>(mem);
 		memcpy(mine.data() + attr.device_addr_len + attr.ep_addr_len, &a, 8);
 		xsrc_uct_md_mkey_pack(md, memh, mine.data() + attr.device_addr_len + attr.ep_addr_len + 8);
-		if (!io_all(fd, mine.data(), mine.size(), true) || !io_all(fd, theirs.data(), theirs.size(), false))
+		if (!link.send_frame(mine) || !link.recv_frame(&theirs, xsrc::harness::kForever) ||
+		    theirs.size() != mine.size())
 			fail("exchange", UCS_ERR_IO_ERROR);
 		ucs_status_t st = uct_ep_connect_to_ep(ep, reinterpret_cast<uct_device_addr_t *>(theirs.data()),
 						       reinterpret_cast<uct_ep_addr_t *>(theirs.data() + attr.device_addr_len));
@@ -112,8 +89,8 @@ struct Side {
 			fail("rkey_unpack", st);
 		rkey = rb.rkey;
 		char c = 0;  // both connected
-		io_all(fd, &c, 1, true);
-		io_all(fd, &c, 1, false);
+		link.send_value(c);
+		link.recv_value(&c, xsrc::harness::kForever);
 	}
 
 	void flush()
@@ -129,10 +106,7 @@ struct Side {
 	{
 		uct_ep_destroy(ep);
 		xsrc_uct_md_mem_dereg(md, memh);
-		uct_iface_close(iface);
-		xsrc_uct_md_close(md);
-		uct_worker_destroy(worker);
-		ucs_async_context_destroy(async);
+		UctIface::close();
 		free(mem);
 	}
 };
@@ -166,7 +140,7 @@ void pin(int cpu)
 }
 
 // The ping-pong tests need both sides; the one-sided tests keep the server progressing only.
-void run(Side &me, bool client, const std::string &test, size_t size, long iters, int fd)
+void run(Side &me, bool client, const std::string &test, size_t size, long iters, const Link &link)
 {
 	uct_iface_set_am_handler(me.iface, 1, am_count, &me, 0);
 	std::vector<double> lat;
@@ -267,18 +241,12 @@ void run(Side &me, bool client, const std::string &test, size_t size, long iters
 	// Done: the client tells the server, which progressed meanwhile (it grants credits).
 	char c = 1;
 	if (client) {
-		io_all(fd, &c, 1, true);
+		link.send_value(c);
 	} else {
-		for (;;) {
+		do
 			uct_iface_progress(me.iface);
-			fd_set rs;
-			FD_ZERO(&rs);
-			FD_SET(fd, &rs);
-			timeval tv{0, 0};
-			if (select(fd + 1, &rs, nullptr, nullptr, &tv) > 0)
-				break;
-		}
-		io_all(fd, &c, 1, false);
+		while (!link.readable());
+		link.recv_value(&c, xsrc::harness::kForever);
 	}
 }
 
@@ -310,26 +278,24 @@ int main(int argc, char **argv)
 		fprintf(stderr, "uct_bench: unknown test %s\n", test.c_str());
 		return 2;
 	}
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-		return 1;
-	fflush(nullptr);
-	pid_t pid = fork();
-	bool client = pid != 0;
-	int fd = client ? sv[0] : sv[1];
-	pin(cpus[client ? 1 : 0]);
-	Side me;
-	me.open(dev, size);
-	if ((test == "am_lat" || test == "am_bw") && size > me.attr.cap.am.max_zcopy) {
-		fprintf(stderr, "uct_bench: %s: size above the AM limit %zu\n", test.c_str(), me.attr.cap.am.max_zcopy);
-		return 2;
-	}
-	me.connect(fd);
-	run(me, client, test, size, iters, fd);
-	me.close();
-	if (!client)
-		_exit(0);
-	int status = 0;
-	waitpid(pid, &status, 0);
-	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+	// One side on the device, the server in a child process, the client here.
+	auto side = [&](bool client, const Link &link) {
+		pin(cpus[client ? 1 : 0]);
+		Side me;
+		me.open(dev, size);
+		if ((test == "am_lat" || test == "am_bw") && size > me.attr.cap.am.max_zcopy) {
+			fprintf(stderr, "uct_bench: %s: size above the AM limit %zu\n", test.c_str(), me.attr.cap.am.max_zcopy);
+			return 2;
+		}
+		me.connect(link);
+		run(me, client, test, size, iters, link);
+		me.close();
+		return 0;
+	};
+	auto server = xsrc::harness::Child::run([&](Link &link) { return side(false, link); });
+	int rc = side(true, server.link());
+	if (rc)
+		return rc;
+	auto status = server.wait(xsrc::harness::kForever);
+	return status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0 ? 0 : 1;
 }

@@ -32,7 +32,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -44,15 +43,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <new>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
+#include "harness/child.h"
+#include "harness/device_stats.h"
+#include "harness/qp_connect.h"
+
 namespace {
+
+using namespace xsrc::harness;
 
 constexpr int kMaxProcs = 64;
 constexpr int kSignalEvery = 16;
@@ -146,7 +150,7 @@ struct Worker {
 	ibv_cq *recv_cq = nullptr;
 	ibv_srq *srq = nullptr;
 	ibv_xrcd *xrcd = nullptr;
-	int xrcd_fd = -1;
+	xsrc::unique_fd xrcd_fd;
 	ibv_mr *mr = nullptr;
 	std::vector<uint8_t> recv_buf;
 	std::vector<ibv_qp *> send_qps;   // RC: index = peer; XRC: [0]
@@ -186,55 +190,36 @@ struct Worker {
 			fail("ibv_reg_mr: " + err_text(errno));
 	}
 
+	// Every QP talks to a QP on this device; none grants remote access.
+	static xsrc::harness::QpConnectAttrs qp_attrs()
+	{
+		xsrc::harness::QpConnectAttrs a;
+		a.access = 0;
+		a.hop_limit = 64;
+		a.rnr_retry = 7;  // receivers share 2 cores: wait for them
+		return a;
+	}
+
 	void to_init(ibv_qp *qp)
 	{
-		ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		if (int e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-			fail("modify INIT: " + err_text(e));
+		if (auto step = xsrc::harness::qp_to_init(qp, qp_attrs()))
+			fail("modify " + step.text());
 	}
 
-	ibv_ah_attr ah()
+	// RC and XRC receive QPs take the responder attributes too.
+	void to_rtr(ibv_qp *qp, uint32_t dest)
 	{
-		ibv_ah_attr h{};
-		h.is_global = 1;
-		h.port_num = 1;
-		h.grh.sgid_index = 1;
-		h.grh.hop_limit = 64;
-		if (ibv_query_gid(ctx, 1, 1, &h.grh.dgid))
+		xsrc::harness::QpRemote remote{dest, {}};
+		if (ibv_query_gid(ctx, 1, 1, &remote.gid))
 			fail("ibv_query_gid");
-		return h;
-	}
-
-	void to_rtr(ibv_qp *qp, uint32_t dest, bool responder)
-	{
-		ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_RTR;
-		a.path_mtu = IBV_MTU_1024;
-		a.dest_qp_num = dest;
-		a.ah_attr = ah();
-		a.max_dest_rd_atomic = 1;
-		a.min_rnr_timer = 1;  // 10 us
-		int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-		if (responder)
-			mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-		if (int e = ibv_modify_qp(qp, &a, mask))
-			fail("modify RTR: " + err_text(e));
+		if (auto step = xsrc::harness::qp_to_rtr(qp, remote, qp_attrs()))
+			fail("modify " + step.text());
 	}
 
 	void to_rts(ibv_qp *qp)
 	{
-		ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_RTS;
-		a.timeout = 14;
-		a.retry_cnt = 7;
-		a.rnr_retry = 7;  // receivers share 2 cores: wait for them
-		a.max_rd_atomic = 1;
-		if (int e = ibv_modify_qp(qp, &a,
-					  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-						  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-			fail("modify RTS: " + err_text(e));
+		if (auto step = xsrc::harness::qp_to_rts(qp, qp_attrs()))
+			fail("modify " + step.text());
 	}
 
 	ibv_qp *create_send_qp(ibv_qp_type type)
@@ -261,12 +246,12 @@ struct Worker {
 	{
 		WorkerInfo &info = g_shared->w[me];
 		if (xrc) {
-			xrcd_fd = ::open(domain_file.c_str(), O_RDONLY);
-			if (xrcd_fd < 0)
+			xrcd_fd.reset(::open(domain_file.c_str(), O_RDONLY));
+			if (!xrcd_fd)
 				fail("open " + domain_file + ": " + err_text(errno));
 			ibv_xrcd_init_attr xa{};
 			xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-			xa.fd = xrcd_fd;
+			xa.fd = xrcd_fd.get();
 			xa.oflags = O_CREAT;
 			if (!(xrcd = ibv_open_xrcd(ctx, &xa)))
 				fail("ibv_open_xrcd: " + err_text(errno));
@@ -319,13 +304,13 @@ struct Worker {
 		const WorkerInfo *w = g_shared->w;
 		if (xrc) {
 			// My receive QP serves sender (me+1) % n; mine is served by (me-1) % n.
-			to_rtr(xrc_recv_qp, w[(me + 1) % n].xrc_send_qpn, true);
-			to_rtr(send_qps[0], w[(me + n - 1) % n].xrc_recv_qpn, false);
+			to_rtr(xrc_recv_qp, w[(me + 1) % n].xrc_send_qpn);
+			to_rtr(send_qps[0], w[(me + n - 1) % n].xrc_recv_qpn);
 			to_rts(send_qps[0]);
 		} else {
 			for (int j = 0; j < n; ++j)
 				if (j != me) {
-					to_rtr(send_qps[j], w[j].rc_qpn[me], true);
+					to_rtr(send_qps[j], w[j].rc_qpn[me]);
 					to_rts(send_qps[j]);
 				}
 		}
@@ -511,8 +496,7 @@ struct Worker {
 			ibv_destroy_srq(srq);
 		if (xrcd)
 			ibv_close_xrcd(xrcd);
-		if (xrcd_fd >= 0)
-			close(xrcd_fd);
+		xrcd_fd.reset();
 		if (mr)
 			ibv_dereg_mr(mr);
 		if (recv_cq)
@@ -566,66 +550,6 @@ int worker_main(int me, const std::string &domain_file)
 }
 
 // ---- the coordinator -----------------------------------------------------------
-
-// A field of /proc/PID/status, in kB (-1 if absent).
-long proc_status_kb(pid_t pid, const char *field)
-{
-	std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-	std::string line;
-	std::string key = std::string(field) + ":";
-	while (std::getline(in, line))
-		if (line.rfind(key, 0) == 0)
-			return std::stol(line.substr(key.size()));
-	return -1;
-}
-
-pid_t daemon_pid()
-{
-	std::ifstream in(g_opt.rundir + "/xsrcd.pid");
-	pid_t pid = -1;
-	in >> pid;
-	return pid;
-}
-
-std::string shm_path()
-{
-	const char *sysfs = getenv("SYSFS_PATH");
-	std::ifstream in(std::string(sysfs ? sysfs : "/sys") + "/class/infiniband/" + g_opt.device +
-			 "/xsrc_shm_path");
-	std::string path;
-	std::getline(in, path);
-	return path;
-}
-
-// Pages of the device arena that exist (it is sparse), in kB.
-long arena_kb(const std::string &path)
-{
-	struct stat st;
-	return !path.empty() && stat(path.c_str(), &st) == 0 ? st.st_blocks / 2 : -1;
-}
-
-// objects= of the device in `xsrc status` (-1 if it cannot be read).
-long daemon_objects()
-{
-	const char *xsrc = getenv("XSRC");
-	std::string cmd = std::string(xsrc ? xsrc : "xsrc") + " status 2>/dev/null";
-	FILE *p = popen(cmd.c_str(), "r");
-	if (!p)
-		return -1;
-	char line[512];
-	long objects = -1;
-	while (fgets(line, sizeof(line), p)) {
-		std::istringstream f(line);
-		std::string name, field;
-		if (!(f >> name) || name != g_opt.device)
-			continue;
-		while (f >> field)
-			if (field.rfind("objects=", 0) == 0)
-				objects = std::stol(field.substr(8));
-	}
-	pclose(p);
-	return objects;
-}
 
 void usage()
 {
@@ -689,39 +613,33 @@ int main(int argc, char **argv)
 	}
 	close(dfd);
 
-	const pid_t xsrcd = daemon_pid();
-	const std::string arena = shm_path();
+	const pid_t xsrcd = daemon_pid(g_opt.rundir);
+	const std::string arena = device_arena_path(g_opt.device);
 	const long daemon_rss0 = proc_status_kb(xsrcd, "VmRSS");
 	const long daemon_anon0 = proc_status_kb(xsrcd, "RssAnon");
-	const long arena0 = arena_kb(arena);
-	const long objects0 = daemon_objects();
+	const long arena0 = allocated_kb(arena);
+	const long objects0 = device_objects(g_opt.device);
 
 	const double t0 = now_s();
-	std::vector<pid_t> pids;
+	std::vector<Child> workers;
 	for (int i = 0; i < n; ++i) {
-		pid_t pid = fork();
-		if (pid < 0) {
-			perror("fork");
+		try {
+			workers.push_back(Child::run([i, &domain_file](Link &) {
+				alarm(static_cast<unsigned>(g_opt.seconds) + 2 * kBarrierTimeoutS);
+				return worker_main(i, domain_file);
+			}));
+		} catch (const std::exception &e) {
+			fprintf(stderr, "xrc_alltoall: %s\n", e.what());
 			g_shared->abort.store(1);
 			break;
 		}
-		if (pid == 0) {
-			prctl(PR_SET_PDEATHSIG, SIGKILL);
-			alarm(static_cast<unsigned>(g_opt.seconds) + 2 * kBarrierTimeoutS);
-			_exit(worker_main(i, domain_file));
-		}
-		pids.push_back(pid);
 	}
 
 	// Waiting at a barrier, the coordinator watches for dead workers.
 	auto reap_check = [&] {
-		for (pid_t &pid : pids) {
-			int st;
-			if (pid > 0 && waitpid(pid, &st, WNOHANG) == pid) {
-				pid = -1;
+		for (Child &c : workers)
+			if (c.running() && c.wait(xsrc::harness::ms{0}))
 				g_shared->abort.store(1);
-			}
-		}
 		usleep(500);
 	};
 
@@ -734,12 +652,12 @@ int main(int argc, char **argv)
 		setup_s = now_s() - t0;
 		daemon_rss = proc_status_kb(xsrcd, "VmRSS");
 		daemon_anon = proc_status_kb(xsrcd, "RssAnon");
-		for (pid_t pid : pids) {
-			procs_rss += proc_status_kb(pid, "VmRSS");
-			procs_anon += proc_status_kb(pid, "RssAnon");
+		for (const Child &c : workers) {
+			procs_rss += proc_status_kb(c.pid(), "VmRSS");
+			procs_anon += proc_status_kb(c.pid(), "RssAnon");
 		}
-		arena1 = arena_kb(arena);
-		objects1 = daemon_objects();
+		arena1 = allocated_kb(arena);
+		objects1 = device_objects(g_opt.device);
 		barrier(2, reap_check);
 		double start = now_s();
 		while (now_s() - start < g_opt.seconds && !g_shared->abort.load())
@@ -752,14 +670,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "xrc_alltoall: %s\n", e.what());
 		rc = 1;
 	}
-	for (pid_t pid : pids) {
-		if (pid <= 0)
+	for (Child &c : workers) {
+		if (!c.running())
 			continue;
-		if (rc)
-			kill(pid, SIGKILL);
-		int st;
-		waitpid(pid, &st, 0);
-		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		if (rc) {
+			c.kill();
+			continue;
+		}
+		auto st = c.wait(xsrc::harness::kForever);
+		if (!st || !WIFEXITED(*st) || WEXITSTATUS(*st) != 0)
 			rc = 1;
 	}
 	unlink(domain_file);

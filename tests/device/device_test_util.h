@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "harness/device_stats.h"
+
 namespace xsrc_test {
 
 inline std::string env_or(const char *name, const char *fallback)
@@ -52,38 +54,8 @@ inline std::string run(const std::string &cmd, int *status = nullptr)
 	return out;
 }
 
-struct DeviceStatus {
-	std::string netdev;
-	std::string port;
-	int contexts = -1;
-	int objects = -1;
-};
-
-// The `xsrc status` line of `device`, if it is listed.
-inline std::optional<DeviceStatus> device_status(const std::string &device)
-{
-	std::istringstream lines(run(xsrc_cli() + " status"));
-	for (std::string line; std::getline(lines, line);) {
-		std::istringstream fields(line);
-		std::string field;
-		if (!(fields >> field) || field != device)
-			continue;
-		DeviceStatus st;
-		while (fields >> field) {
-			auto value = field.substr(field.find('=') + 1);
-			if (field.starts_with("netdev="))
-				st.netdev = value;
-			else if (field.starts_with("port="))
-				st.port = value;
-			else if (field.starts_with("contexts="))
-				st.contexts = std::stoi(value);
-			else if (field.starts_with("objects="))
-				st.objects = std::stoi(value);
-		}
-		return st;
-	}
-	return std::nullopt;
-}
+using xsrc::harness::device_status;
+using xsrc::harness::DeviceStatus;
 
 // Polls pred() every 20 ms until it is true or `timeout` passes.
 template <typename Pred>

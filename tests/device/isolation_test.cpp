@@ -3,34 +3,41 @@
 // re-exec'd with --child-b, so it shares nothing but what it is told) opens
 // its own context and writes raw DEALLOC_PD / DEREG_MR / DESTROY_CQ / REG_MR
 // commands naming A's handle numbers to its own command file, and tries to
-// open A's command file. B reports each errno on stdout; A asserts them and
+// open A's command file. B reports each errno over the link; A asserts them and
 // then checks that its objects still work and that `xsrc status` counts only
 // live objects.
 #include <gtest/gtest.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <map>
 
 #include "device_test_util.h"
+#include "harness/child.h"
 
 using namespace xsrc_test;
+using xsrc::harness::Child;
+using xsrc::harness::Link;
+using xsrc::harness::Msg;
 
 namespace {
 
 // ---- process B --------------------------------------------------------------
 
-int child_b(const std::string &device, uint32_t pd_handle, uint32_t mr_handle, uint32_t cq_handle,
+// B's report goes to A over the link as one message, when B is done.
+int child_b(Link &to_a, const std::string &device, uint32_t pd_handle, uint32_t mr_handle, uint32_t cq_handle,
 	    pid_t a_pid, int a_cmd_fd)
 {
-	auto report = [](const char *key, long value) { printf("%s=%ld\n", key, value); };
+	Msg out;
+	auto report = [&out](const char *key, long value) { out.set(key, value); };
 	ibv_context *ctx = open_device(device);
 	report("open_device", ctx ? 0 : errno);
-	if (!ctx)
+	if (!ctx) {
+		to_a.send(out);
 		return 1;
+	}
 	int fd = ctx->cmd_fd;
 
 	// B's own objects get B's own (low) handle numbers.
@@ -50,7 +57,7 @@ int child_b(const std::string &device, uint32_t pd_handle, uint32_t mr_handle, u
 	char target[4096] = {};
 	ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
 	report("readlink", n > 0 ? 0 : errno);
-	printf("a_cmd_file=%s\n", target);
+	out.set("a_cmd_file", target);
 	errno = 0;
 	int by_name = open(target, O_RDWR | O_CLOEXEC);
 	report("open_by_name", by_name >= 0 ? 0 : errno);
@@ -84,70 +91,32 @@ int child_b(const std::string &device, uint32_t pd_handle, uint32_t mr_handle, u
 	if (own)
 		report("own_dealloc", ibv_dealloc_pd(own));
 	report("close", ibv_close_device(ctx));
-	fflush(stdout);
+	to_a.send(out);
 	return 0;
 }
 
 // ---- process A --------------------------------------------------------------
 
-std::string g_self;
-
-// Runs B; returns its key=value report. Bounded: B is killed after 30 s.
-std::map<std::string, std::string> run_child_b(const std::string &device, uint32_t pd, uint32_t mr,
-					       uint32_t cq, int cmd_fd, int *exit_status)
+// Runs B; returns its report. Bounded: B is killed after 30 s.
+Msg run_child_b(const std::string &device, uint32_t pd, uint32_t mr, uint32_t cq, int cmd_fd, int *exit_status)
 {
-	int out[2];
-	EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
-	pid_t pid = fork();
-	if (pid == 0) {
-		dup2(out[1], STDOUT_FILENO);
-		std::string args[] = {"--child-b", device, std::to_string(pd), std::to_string(mr),
-				      std::to_string(cq), std::to_string(getppid()), std::to_string(cmd_fd)};
-		const char *argv[] = {g_self.c_str(), args[0].c_str(), args[1].c_str(), args[2].c_str(),
-				      args[3].c_str(), args[4].c_str(), args[5].c_str(), args[6].c_str(), nullptr};
-		execv(g_self.c_str(), const_cast<char **>(argv));
-		_exit(127);
-	}
-	close(out[1]);
-	std::string text;
-	auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-	for (;;) {
-		auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-			deadline - std::chrono::steady_clock::now()).count();
-		pollfd p{out[0], POLLIN, 0};
-		if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) {
-			ADD_FAILURE() << "process B did not finish within 30 s";
-			kill(pid, SIGKILL);
-			break;
-		}
-		char buf[4096];
-		ssize_t n = read(out[0], buf, sizeof(buf));
-		if (n <= 0)
-			break;
-		text.append(buf, static_cast<size_t>(n));
-	}
-	close(out[0]);
-	int status = 0;
-	waitpid(pid, &status, 0);
-	*exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	std::map<std::string, std::string> kv;
-	std::istringstream lines(text);
-	for (std::string line; std::getline(lines, line);) {
-		auto eq = line.find('=');
-		if (eq != std::string::npos)
-			kv[line.substr(0, eq)] = line.substr(eq + 1);
-	}
-	return kv;
+	auto b = Child::spawn("--child-b", {device, std::to_string(pd), std::to_string(mr), std::to_string(cq),
+					    std::to_string(getpid()), std::to_string(cmd_fd)});
+	auto report = b.link().recv(std::chrono::seconds(30));
+	auto status = report ? b.wait(std::chrono::seconds(30)) : std::nullopt;
+	if (!status)
+		ADD_FAILURE() << "process B did not finish within 30 s";
+	*exit_status = status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+	return report ? *report : Msg();
 }
 
-long num(const std::map<std::string, std::string> &kv, const std::string &key)
+long num(const Msg &kv, const std::string &key)
 {
-	auto it = kv.find(key);
-	if (it == kv.end()) {
+	if (!kv.has(key)) {
 		ADD_FAILURE() << "process B did not report " << key;
 		return -12345;
 	}
-	return std::stol(it->second);
+	return kv.i64(key);
 }
 
 TEST(Isolation, OtherProcessCannotTouchObjects)
@@ -195,14 +164,14 @@ TEST(Isolation, OtherProcessCannotTouchObjects)
 	EXPECT_EQ(num(b, "readlink"), 0);
 	long by_name = num(b, "open_by_name");
 	EXPECT_TRUE(by_name == ENOENT || by_name == EPERM || by_name == EACCES)
-		<< "open(" << b["a_cmd_file"] << ") gave " << by_name;
+		<< "open(" << b.str("a_cmd_file", "") << ") gave " << by_name;
 	long by_link = num(b, "open_by_proc_link");
 	EXPECT_TRUE(by_link == EPERM || by_link == ENOENT || by_link == EACCES)
 		<< "open(/proc/A/fd/cmd_fd) gave " << by_link;
 	long by_link_ro = num(b, "open_by_proc_link_ro");
 	EXPECT_TRUE(by_link_ro == EPERM || by_link_ro == ENOENT || by_link_ro == EACCES)
 		<< "open(/proc/A/fd/cmd_fd, O_RDONLY) gave " << by_link_ro;
-	EXPECT_EQ(b.count("via_link_dealloc_pd"), 0u);
+	EXPECT_FALSE(b.has("via_link_dealloc_pd"));
 	EXPECT_EQ(num(b, "listed_cmd_files"), 0) << "the command directory lists context files";
 	EXPECT_EQ(num(b, "own_dealloc"), 0);
 	EXPECT_EQ(num(b, "close"), 0);
@@ -323,14 +292,13 @@ TEST(Isolation, ForkedChildKeepsInheritedContextAlive)
 
 int main(int argc, char **argv)
 {
-	g_self = "/proc/self/exe";
-	char self[4096] = {};
-	if (readlink("/proc/self/exe", self, sizeof(self) - 1) > 0)
-		g_self = self;
-	if (argc == 8 && std::string(argv[1]) == "--child-b")
-		return child_b(argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
-			       static_cast<uint32_t>(std::stoul(argv[4])), static_cast<uint32_t>(std::stoul(argv[5])),
-			       static_cast<pid_t>(std::stol(argv[6])), std::stoi(argv[7]));
+	if (auto b = xsrc::harness::child_args(argc, argv, "--child-b")) {
+		const auto &a = b->args;
+		if (a.size() != 6)
+			return 2;
+		return child_b(b->link, a[0], static_cast<uint32_t>(std::stoul(a[1])), static_cast<uint32_t>(std::stoul(a[2])),
+			       static_cast<uint32_t>(std::stoul(a[3])), static_cast<pid_t>(std::stol(a[4])), std::stoi(a[5]));
+	}
 	::testing::InitGoogleTest(&argc, argv);
 	return RUN_ALL_TESTS();
 }

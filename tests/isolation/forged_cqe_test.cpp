@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/fd.h"
 #include "device_test_util.h"
 
 using namespace xsrc_test;
@@ -53,10 +54,10 @@ protected:
 				XSRC_SYSFS_SHM_FILE);
 		std::string path;
 		std::getline(f, path);
-		int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-		ASSERT_GE(fd, 0) << path;
-		base_ = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		close(fd);
+		xsrc::unique_fd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+		ASSERT_GE(fd.get(), 0) << path;
+		base_ = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+		fd.reset();
 		ASSERT_NE(base_, MAP_FAILED);
 		auto *hdr = static_cast<xsrc_arena_header *>(base_);
 		auto *qps = reinterpret_cast<xsrc_qp_entry *>(static_cast<char *>(base_) + hdr->qp_table_off);

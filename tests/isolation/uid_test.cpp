@@ -36,6 +36,8 @@
 #include <vector>
 
 #include "device_test_util.h"
+#include "harness/link.h"
+#include "harness/qp_connect.h"
 
 using namespace xsrc_test;
 
@@ -94,30 +96,27 @@ struct Info {
 
 // --- the link between the two ends ------------------------------------------------
 
-int link_fd = -1;
+xsrc::harness::Link g_link;  // TCP between the two users' processes
 
-void link_send(const void *p, size_t n)
+template <typename T>
+void link_send(const T &v)
 {
-	if (send(link_fd, p, n, MSG_NOSIGNAL) != static_cast<ssize_t>(n))
+	if (!g_link.send_value(v))
 		die("link send");
 }
 
-void link_recv(void *p, size_t n)
+template <typename T>
+void link_recv(T *v)
 {
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = recv(link_fd, static_cast<char *>(p) + got, n - got, 0);
-		if (r <= 0)
-			die("link recv");
-		got += static_cast<size_t>(r);
-	}
+	if (!g_link.recv_value(v, xsrc::harness::kForever))
+		die("link recv");
 }
 
 void sync_point(uint32_t tag)
 {
-	link_send(&tag, 4);
+	link_send(tag);
 	uint32_t other;
-	link_recv(&other, 4);
+	link_recv(&other);
 	if (other != tag) {
 		printf("FAIL: out of step (%u vs %u)\n", tag, other);
 		exit(2);
@@ -126,18 +125,18 @@ void sync_point(uint32_t tag)
 
 void connect_link(const char *host, const char *port)
 {
+	xsrc::unique_fd link;
 	if (!host) {
-		int ls = socket(AF_INET, SOCK_STREAM, 0);
+		xsrc::unique_fd ls(socket(AF_INET, SOCK_STREAM, 0));
 		int one = 1;
-		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		setsockopt(ls.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		sockaddr_in a{};
 		a.sin_family = AF_INET;
 		a.sin_port = htons(static_cast<uint16_t>(atoi(port)));
 		a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-		if (bind(ls, reinterpret_cast<sockaddr *>(&a), sizeof(a)) || listen(ls, 1))
+		if (bind(ls.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a)) || listen(ls.get(), 1))
 			die("listen");
-		link_fd = accept(ls, nullptr, nullptr);
-		close(ls);
+		link.reset(accept(ls.get(), nullptr, nullptr));
 	} else {
 		addrinfo hints{}, *res;
 		hints.ai_family = AF_INET;
@@ -145,17 +144,17 @@ void connect_link(const char *host, const char *port)
 		if (getaddrinfo(host, port, &hints, &res))
 			die("getaddrinfo");
 		for (int i = 0; i < 100; ++i) {
-			link_fd = socket(AF_INET, SOCK_STREAM, 0);
-			if (connect(link_fd, res->ai_addr, res->ai_addrlen) == 0)
+			link.reset(socket(AF_INET, SOCK_STREAM, 0));
+			if (connect(link.get(), res->ai_addr, res->ai_addrlen) == 0)
 				break;
-			close(link_fd);
-			link_fd = -1;
+			link.reset();
 			std::this_thread::sleep_for(std::chrono::milliseconds(100));
 		}
 		freeaddrinfo(res);
 	}
-	if (link_fd < 0)
+	if (!link)
 		die("connect");
+	g_link = xsrc::harness::Link(std::move(link));
 }
 
 // --- verbs ----------------------------------------------------------------------------
@@ -187,57 +186,36 @@ ibv_qp *make_qp(Side &s, ibv_qp_type type)
 	return qp;
 }
 
-void to_init(ibv_qp *qp, ibv_qp_type type)
+xsrc::harness::QpConnectAttrs qp_attrs()
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
-	if (type == IBV_QPT_UD) {
-		a.qkey = kQkey;
-		mask |= IBV_QP_QKEY;
-	} else {
-		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-		mask |= IBV_QP_ACCESS_FLAGS;
-	}
-	if (ibv_modify_qp(qp, &a, mask))
+	xsrc::harness::QpConnectAttrs a;
+	a.qkey = kQkey;
+	a.sgid_index = kGidIndex;
+	a.hop_limit = 64;
+	return a;
+}
+
+void to_init(ibv_qp *qp)
+{
+	if (xsrc::harness::qp_to_init(qp, qp_attrs()))
 		die("to init");
 }
 
 void rc_connect(ibv_qp *qp, uint32_t dest, const uint8_t *dgid)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.port_num = 1;
-	a.ah_attr.grh.sgid_index = kGidIndex;
-	a.ah_attr.grh.hop_limit = 64;
-	memcpy(a.ah_attr.grh.dgid.raw, dgid, 16);
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+	xsrc::harness::QpRemote remote{dest, {}};
+	memcpy(remote.gid.raw, dgid, 16);
+	if (xsrc::harness::qp_to_rtr(qp, remote, qp_attrs()))
 		die("to rtr");
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+	if (xsrc::harness::qp_to_rts(qp, qp_attrs()))
 		die("to rts");
 }
 
 void ud_ready(ibv_qp *qp)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_RTR;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+	if (xsrc::harness::qp_to_rtr(qp, {}, qp_attrs()))
 		die("ud rtr");
-	a.qp_state = IBV_QPS_RTS;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
+	if (xsrc::harness::qp_to_rts(qp, qp_attrs()))
 		die("ud rts");
 }
 
@@ -263,11 +241,11 @@ Info setup(Side &s)
 	Info me{};
 	for (int i = 0; i < kRcPairs; ++i) {
 		s.rc[i] = make_qp(s, IBV_QPT_RC);
-		to_init(s.rc[i], IBV_QPT_RC);
+		to_init(s.rc[i]);
 		me.rc_qpn[i] = s.rc[i]->qp_num;
 	}
 	s.ud = make_qp(s, IBV_QPT_UD);
-	to_init(s.ud, IBV_QPT_UD);
+	to_init(s.ud);
 	ud_ready(s.ud);
 	me.ud_qpn = s.ud->qp_num;
 	memcpy(me.gid, s.gid.raw, 16);
@@ -494,8 +472,8 @@ int traffic(const char *host, const char *port)
 	connect_link(host, port);
 	Side s;
 	Info me = setup(s), peer{};
-	link_send(&me, sizeof(me));
-	link_recv(&peer, sizeof(peer));
+	link_send(me);
+	link_recv(&peer);
 	printf("-- %s (pid %d) with %s\n", who(me), getpid(), who(peer));
 	for (int i = 0; i < kRcPairs; ++i)
 		rc_connect(s.rc[i], peer.rc_qpn[i], peer.gid);

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "harness/qp_connect.h"
+
 namespace {
 
 constexpr int kPort = 1;
@@ -70,32 +72,13 @@ ibv_qp *make_qp(Device &d, ibv_qp_type type, ibv_cq *cq, ibv_srq *srq, bool ex)
 // RESET -> INIT -> RTR -> RTS towards `dest` on this device.
 void connect_rc(Device &d, ibv_qp *qp, uint32_t dest)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = kPort;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.port_num = kPort;
-	a.ah_attr.grh.sgid_index = kGidIndex;
-	a.ah_attr.grh.hop_limit = 1;
-	ASSERT_EQ(ibv_query_gid(d.ctx, kPort, kGidIndex, &a.ah_attr.grh.dgid), 0);
-	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), 0);
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), 0);
+	xsrc::harness::QpConnectAttrs a;
+	a.port = kPort;
+	a.sgid_index = kGidIndex;
+	xsrc::harness::QpRemote remote{dest, {}};
+	ASSERT_EQ(ibv_query_gid(d.ctx, kPort, kGidIndex, &remote.gid), 0);
+	auto step = xsrc::harness::qp_connect(qp, remote, a);
+	ASSERT_FALSE(step) << step.text();
 }
 
 struct Completion {
@@ -283,17 +266,12 @@ TEST(VerbsEx, UdReceiveCarriesTheGrh)
 	qa.cap = {4, 4, 1, 1, 0};
 	ibv_qp *a = ibv_create_qp(d.pd, &qa), *b = ibv_create_qp(d.pd, &qa);
 	ASSERT_TRUE(cq && a && b);
+	xsrc::harness::QpConnectAttrs ud;
+	ud.port = kPort;
+	ud.qkey = 0x11111111;
 	for (ibv_qp *qp : {a, b}) {
-		ibv_qp_attr at{};
-		at.qp_state = IBV_QPS_INIT;
-		at.port_num = kPort;
-		at.qkey = 0x11111111;
-		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY), 0);
-		at = {};
-		at.qp_state = IBV_QPS_RTR;
-		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE), 0);
-		at.qp_state = IBV_QPS_RTS;
-		ASSERT_EQ(ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+		auto step = xsrc::harness::qp_connect(qp, {}, ud);
+		ASSERT_FALSE(step) << step.text();
 	}
 	std::vector<unsigned char> buf(256, 0);
 	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);

@@ -2,6 +2,7 @@
 #include "peer.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -60,8 +61,9 @@ bool payload_ok(const uint8_t *p, uint32_t len, uint32_t *id)
 
 class Server {
 public:
-	Server(int link_fd, int scratch_fd) : link_(link_fd)
+	Server(Link &link, int scratch_fd) : link_(link)
 	{
+		xsrc::unique_fd scratch(scratch_fd);  // mapped or not, closed when done here
 		struct stat st{};
 		if (fstat(scratch_fd, &st) == 0 && st.st_size > 0) {
 			void *p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -71,7 +73,6 @@ public:
 				scratch_size_ = static_cast<size_t>(st.st_size);
 			}
 		}
-		close(scratch_fd);
 	}
 
 	int run()
@@ -198,7 +199,7 @@ private:
 			return r;
 		}
 		if (cmd == "poll") {
-			auto wcs = poll_n(at(cqs_, m.u64("cq"), "cq"), m.u64("n", 1), ms(m.u64("timeout_ms", 1000)));
+			auto wcs = poll_completions(at(cqs_, m.u64("cq"), "cq"), m.u64("n", 1), ms(m.u64("timeout_ms", 1000)));
 			put_wcs(r, wcs);
 			return r;
 		}
@@ -399,7 +400,7 @@ private:
 		return r;
 	}
 
-	Link link_;
+	Link &link_;
 	uint8_t *scratch_ = nullptr;
 	size_t scratch_size_ = 0;
 	std::unique_ptr<Verbs> v_;
@@ -415,10 +416,10 @@ constexpr size_t kScratchBytes = 1 << 20;
 
 }  // namespace
 
-int peer_main(int link_fd, int scratch_fd)
+int peer_main(Link &link, int scratch_fd)
 {
 	alarm(110);  // never outlive a hung test (SIGALRM's default action)
-	Server server(link_fd, scratch_fd);
+	Server server(link, scratch_fd);
 	return server.run();
 }
 
@@ -426,38 +427,15 @@ int peer_main(int link_fd, int scratch_fd)
 
 Peer::Peer()
 {
-	scratch_fd_ = memfd_create("traffic-errors-scratch", MFD_CLOEXEC);
-	check(scratch_fd_ >= 0, "memfd_create");
-	check(ftruncate(scratch_fd_, kScratchBytes) == 0, "ftruncate");
-	void *p = mmap(nullptr, kScratchBytes, PROT_READ | PROT_WRITE, MAP_SHARED, scratch_fd_, 0);
+	scratch_fd_.reset(memfd_create("traffic-errors-scratch", MFD_CLOEXEC));
+	check(static_cast<bool>(scratch_fd_), "memfd_create");
+	check(ftruncate(scratch_fd_.get(), kScratchBytes) == 0, "ftruncate");
+	void *p = mmap(nullptr, kScratchBytes, PROT_READ | PROT_WRITE, MAP_SHARED, scratch_fd_.get(), 0);
 	check(p != MAP_FAILED, "mmap scratch");
 	scratch = static_cast<uint64_t *>(p);
 	scratch_size = kScratchBytes;
 
-	int sv[2];
-	check(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0, "socketpair");
-	std::string self = "/proc/self/exe";
-	std::string link_arg = std::to_string(sv[1]);
-	std::string scratch_arg = std::to_string(scratch_fd_);
-	const char *argv[] = {"traffic_errors_peer", "--peer", link_arg.c_str(), scratch_arg.c_str(), nullptr};
-	pid_t parent = getpid();
-	pid_t pid = fork();
-	if (pid == 0) {
-		// Only async-signal-safe calls between fork and exec.
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(126);
-		fcntl(sv[1], F_SETFD, 0);
-		fcntl(scratch_fd_, F_SETFD, 0);
-		execv(self.c_str(), const_cast<char **>(argv));
-		_exit(127);
-	}
-	int saved = errno;
-	close(sv[1]);
-	fd_ = sv[0];
-	errno = saved;
-	check(pid > 0, "fork");
-	pid_ = pid;
+	child_ = xsrc::harness::Child::spawn("--peer", {std::to_string(scratch_fd_.get())}, {scratch_fd_.get()});
 	Msg hello = call(Msg("hello"), 20s);
 	gid = gid_from_hex(hello.str("gid"));
 	mtu_bytes = static_cast<uint32_t>(hello.u64("mtu"));
@@ -466,24 +444,20 @@ Peer::Peer()
 Peer::~Peer()
 {
 	kill();
-	if (fd_ >= 0)
-		close(fd_);
 	if (scratch)
 		munmap(scratch, scratch_size);
-	if (scratch_fd_ >= 0)
-		close(scratch_fd_);
 }
 
 void Peer::send(const Msg &m)
 {
 	if (!alive())
 		fail("peer is not running");
-	Link(fd_).send(m);
+	child_.link().send(m);
 }
 
 Msg Peer::reply(ms timeout)
 {
-	auto r = Link(fd_).recv(timeout);
+	auto r = child_.link().recv(timeout);
 	if (!r)
 		fail("no reply from the peer within " + std::to_string(timeout.count()) + " ms");
 	if (r->has("error"))
@@ -503,13 +477,7 @@ Msg Peer::call(const Msg &m, ms timeout)
 
 void Peer::kill()
 {
-	if (pid_ <= 0)
-		return;
-	::kill(pid_, SIGKILL);
-	int status;
-	while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-	}
-	pid_ = -1;
+	child_.kill();
 }
 
 std::string Peer::finish(bool *exited_ok)
@@ -525,7 +493,7 @@ std::string Peer::finish(bool *exited_ok)
 		auto deadline = Clock::now() + 20s;
 		for (;;) {
 			auto left = std::chrono::duration_cast<ms>(deadline - Clock::now());
-			auto r = Link(fd_).recv(std::max(left, 0ms));
+			auto r = child_.link().recv(std::max(left, 0ms));
 			if (!r) {
 				cleanup = "no reply to exit";
 				break;
@@ -539,22 +507,13 @@ std::string Peer::finish(bool *exited_ok)
 		cleanup = e.what();
 	}
 	// It exits right after replying; give it a moment, then kill.
-	int status = 0;
-	bool reaped = false;
-	for (int i = 0; i < 200 && !reaped; ++i) {
-		pid_t w = waitpid(pid_, &status, WNOHANG);
-		if (w == pid_)
-			reaped = true;
-		else
-			std::this_thread::sleep_for(10ms);
-	}
-	if (!reaped) {
+	auto status = child_.wait(2s);
+	if (!status) {
 		kill();
 		return cleanup.empty() ? "peer did not exit" : cleanup;
 	}
-	pid_ = -1;
 	if (exited_ok)
-		*exited_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+		*exited_ok = WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
 	return cleanup;
 }
 

@@ -1,7 +1,7 @@
 // The other process of every traffic_errors case. The test binary re-execs
-// itself as `--peer LINK_FD SCRATCH_FD`: a fresh process that shares nothing
+// itself as `--peer LINK_FD SCRATCH_FD` (harness/child.h): a fresh process that shares nothing
 // verbs-related with the test, opens its own context on the test device and
-// then serves commands (Msg, "cmd=...") over a SOCK_SEQPACKET socketpair:
+// then serves commands (Msg, "cmd=...") over the harness link (a socketpair):
 // create CQs/SRQs/MRs/QPs, connect them, post receives, poll, check memory,
 // wait for events, run a receive sink or an atomic hammer. SCRATCH_FD is a
 // memfd both processes map, for results too big for a message.
@@ -13,12 +13,13 @@
 #include <cstdint>
 #include <string>
 
+#include "harness/child.h"
 #include "traffic_util.h"
 
 namespace xsrc_traffic {
 
 // The peer side: runs until "exit" or until the test goes away.
-int peer_main(int link_fd, int scratch_fd);
+int peer_main(Link &link, int scratch_fd);
 
 // The test side: a running peer process.
 class Peer {
@@ -42,17 +43,16 @@ public:
 	// ("" if none) and whether it exited with status 0.
 	std::string finish(bool *exited_ok = nullptr);
 
-	pid_t pid() const { return pid_; }
-	bool alive() const { return pid_ > 0; }
+	pid_t pid() const { return child_.pid(); }
+	bool alive() const { return child_.running(); }
 	ibv_gid gid{};
 	uint32_t mtu_bytes = 0;
 	uint64_t *scratch = nullptr;  // shared with the peer
 	size_t scratch_size = 0;
 
 private:
-	pid_t pid_ = -1;
-	int fd_ = -1;
-	int scratch_fd_ = -1;
+	xsrc::unique_fd scratch_fd_;
+	xsrc::harness::Child child_;
 };
 
 }  // namespace xsrc_traffic

@@ -10,11 +10,9 @@
 #pragma once
 
 #include <infiniband/verbs.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <cerrno>
@@ -24,17 +22,17 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 #include "device_test_util.h"
+#include "harness/completions.h"
+#include "harness/link.h"
+#include "harness/qp_connect.h"
 
 namespace xsrc_traffic {
 
@@ -98,107 +96,8 @@ inline ibv_gid gid_from_hex(const std::string &hex)
 
 // --- messages between the test and a peer ----------------------------------
 
-// key=value lines; "cmd" names a command, a reply has "error" when it failed.
-class Msg {
-public:
-	Msg() = default;
-	explicit Msg(const std::string &cmd) { kv_["cmd"] = cmd; }
-
-	template <typename T>
-	Msg &set(const std::string &key, const T &value)
-	{
-		if constexpr (std::is_same_v<T, bool>)
-			kv_[key] = value ? "1" : "0";
-		else if constexpr (std::is_enum_v<T>)
-			kv_[key] = std::to_string(static_cast<std::underlying_type_t<T>>(value));
-		else if constexpr (std::is_arithmetic_v<T>)
-			kv_[key] = std::to_string(value);
-		else
-			kv_[key] = std::string(value);
-		return *this;
-	}
-	bool has(const std::string &key) const { return kv_.count(key) != 0; }
-	std::string str(const std::string &key) const
-	{
-		auto it = kv_.find(key);
-		if (it == kv_.end())
-			fail("message has no '" + key + "': " + encode());
-		return it->second;
-	}
-	std::string str(const std::string &key, const std::string &dflt) const
-	{
-		return has(key) ? str(key) : dflt;
-	}
-	uint64_t u64(const std::string &key) const { return std::stoull(str(key), nullptr, 0); }
-	uint64_t u64(const std::string &key, uint64_t dflt) const { return has(key) ? u64(key) : dflt; }
-	int64_t i64(const std::string &key) const { return std::stoll(str(key), nullptr, 0); }
-	int64_t i64(const std::string &key, int64_t dflt) const { return has(key) ? i64(key) : dflt; }
-
-	std::string encode() const
-	{
-		std::string out;
-		for (auto &[k, v] : kv_)
-			out += k + "=" + v + "\n";
-		return out;
-	}
-	static Msg decode(const std::string &text)
-	{
-		Msg m;
-		size_t pos = 0;
-		while (pos < text.size()) {
-			size_t nl = text.find('\n', pos);
-			if (nl == std::string::npos)
-				nl = text.size();
-			std::string line = text.substr(pos, nl - pos);
-			size_t eq = line.find('=');
-			if (eq != std::string::npos)
-				m.kv_[line.substr(0, eq)] = line.substr(eq + 1);
-			pos = nl + 1;
-		}
-		return m;
-	}
-
-private:
-	std::map<std::string, std::string> kv_;
-};
-
-// One end of a SOCK_SEQPACKET socketpair.
-class Link {
-public:
-	explicit Link(int fd = -1) : fd_(fd) {}
-	int fd() const { return fd_; }
-
-	void send(const Msg &m) const
-	{
-		std::string text = m.encode();
-		if (::send(fd_, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size()))
-			fail(std::string("link send: ") + strerror(errno));
-	}
-	// The next message within `timeout`; nullopt on timeout or when the
-	// other end is gone.
-	std::optional<Msg> recv(ms timeout) const
-	{
-		pollfd p{fd_, POLLIN, 0};
-		int n;
-		do
-			n = poll(&p, 1, static_cast<int>(timeout.count()));
-		while (n < 0 && errno == EINTR);
-		if (n <= 0)
-			return std::nullopt;
-		std::string buf(1 << 16, '\0');
-		ssize_t len;
-		do
-			len = ::recv(fd_, buf.data(), buf.size(), 0);
-		while (len < 0 && errno == EINTR);
-		if (len <= 0)
-			return std::nullopt;
-		buf.resize(static_cast<size_t>(len));
-		return Msg::decode(buf);
-	}
-
-private:
-	int fd_;
-};
+using xsrc::harness::Link;
+using xsrc::harness::Msg;
 
 // --- verbs objects ---------------------------------------------------------
 
@@ -401,78 +300,44 @@ struct RcParams {
 // RESET -> INIT -> RTR -> RTS towards (dest_qpn, dgid), GRH with sgid index 1.
 inline void rc_connect(ibv_qp *qp, uint32_t dest_qpn, const ibv_gid &dgid, const RcParams &p)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = 0;
-	a.port_num = kPort;
-	a.qp_access_flags = p.access;
-	check_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
-		 "modify_qp INIT");
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
+	xsrc::harness::QpConnectAttrs a;
+	a.port = kPort;
+	a.access = p.access;
+	a.sgid_index = kGidIndex;
 	a.path_mtu = kPathMtu;
-	a.dest_qp_num = dest_qpn;
-	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 16;
 	a.min_rnr_timer = p.min_rnr_timer;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = dgid;
-	a.ah_attr.grh.sgid_index = kGidIndex;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = kPort;
-	check_rc(ibv_modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-		 "modify_qp RTR");
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
 	a.timeout = p.timeout;
 	a.retry_cnt = p.retry_cnt;
 	a.rnr_retry = p.rnr_retry;
-	a.sq_psn = 0;
 	a.max_rd_atomic = 16;
-	check_rc(ibv_modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				       IBV_QP_MAX_QP_RD_ATOMIC),
-		 "modify_qp RTS");
+	if (auto step = xsrc::harness::qp_connect(qp, {dest_qpn, dgid}, a))
+		fail("modify_qp " + step.text());
 }
 
 inline void ud_connect(ibv_qp *qp, uint32_t qkey)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = 0;
-	a.port_num = kPort;
+	xsrc::harness::QpConnectAttrs a;
+	a.port = kPort;
 	a.qkey = qkey;
-	check_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
-		 "modify_qp INIT (UD)");
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
-	check_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE), "modify_qp RTR (UD)");
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 0;
-	check_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN), "modify_qp RTS (UD)");
+	if (auto step = xsrc::harness::qp_connect(qp, {}, a))
+		fail("modify_qp " + step.text() + " (UD)");
 }
 
 inline void to_error(ibv_qp *qp)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_ERR;
-	check_rc(ibv_modify_qp(qp, &a, IBV_QP_STATE), "modify_qp ERR");
+	if (auto step = xsrc::harness::qp_to_error(qp))
+		fail("modify_qp " + step.text());
 }
 
-inline ibv_qp_state qp_state(ibv_qp *qp)
-{
-	ibv_qp_attr a{};
-	ibv_qp_init_attr init{};
-	check_rc(ibv_query_qp(qp, &a, IBV_QP_STATE, &init), "ibv_query_qp");
-	return a.qp_state;
-}
+using xsrc::harness::qp_state;
 
 // --- posting -----------------------------------------------------------------
 
-inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
+// One receive with one SGE, posted by `post` (ibv_post_recv or ibv_post_srq_recv).
+template <typename Queue>
+inline int post_one_recv(int (*post)(Queue *, ibv_recv_wr *, ibv_recv_wr **), Queue *q, uint64_t wr_id,
+			 uint64_t addr, uint32_t len, uint32_t lkey)
 {
 	ibv_sge sge{addr, len, lkey};
 	ibv_recv_wr wr{};
@@ -480,18 +345,17 @@ inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, ui
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
 	ibv_recv_wr *bad = nullptr;
-	return ibv_post_recv(qp, &wr, &bad);
+	return post(q, &wr, &bad);
+}
+
+inline int post_recv(ibv_qp *qp, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
+{
+	return post_one_recv(ibv_post_recv, qp, wr_id, addr, len, lkey);
 }
 
 inline int post_srq_recv(ibv_srq *srq, uint64_t wr_id, uint64_t addr, uint32_t len, uint32_t lkey)
 {
-	ibv_sge sge{addr, len, lkey};
-	ibv_recv_wr wr{};
-	wr.wr_id = wr_id;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	ibv_recv_wr *bad = nullptr;
-	return ibv_post_srq_recv(srq, &wr, &bad);
+	return post_one_recv(ibv_post_srq_recv, srq, wr_id, addr, len, lkey);
 }
 
 // One work request with one SGE (num_sge 0 when len == 0).
@@ -540,30 +404,12 @@ struct SendWr {
 
 // --- completions -------------------------------------------------------------
 
-// Up to `n` completions, polling until they are there or `timeout` passed.
-inline std::vector<ibv_wc> poll_n(ibv_cq *cq, size_t n, ms timeout)
-{
-	std::vector<ibv_wc> out;
-	auto deadline = Clock::now() + timeout;
-	while (out.size() < n) {
-		ibv_wc wc[16];
-		int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
-		if (got < 0)
-			fail("ibv_poll_cq returned " + std::to_string(got));
-		out.insert(out.end(), wc, wc + got);
-		if (got == 0) {
-			if (Clock::now() >= deadline)
-				break;
-			std::this_thread::sleep_for(200us);
-		}
-	}
-	return out;
-}
+using xsrc::harness::poll_completions;
 
 // Everything that arrives within `quiet` (expected: nothing).
 inline std::vector<ibv_wc> poll_quiet(ibv_cq *cq, ms quiet)
 {
-	return poll_n(cq, 1024, quiet);
+	return poll_completions(cq, 1024, quiet);
 }
 
 inline std::string describe(const std::vector<ibv_wc> &wcs)

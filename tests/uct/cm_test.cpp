@@ -64,7 +64,7 @@ ucs_status_t send_am(Side &s, uct_ep_h ep, std::string_view text)
 XSRC_UCT_PEER(cm_client)
 {
 	ClientCfg cfg;
-	PEER_CHECK(link.recv_val(&cfg));
+	PEER_CHECK(link.recv_value(&cfg, kLinkTimeout));
 	ClientState cs;
 	Side side;
 	uct_iface_params_t ip{};
@@ -143,24 +143,24 @@ XSRC_UCT_PEER(cm_client)
 	rep.err_status = cs.err_status;
 	rep.server_priv_len = static_cast<uint32_t>(std::min(cs.server_priv.size(), sizeof(rep.server_priv)));
 	std::memcpy(rep.server_priv, cs.server_priv.data(), rep.server_priv_len);
-	PEER_CHECK(link.send_val(rep));
+	PEER_CHECK(link.send_value(rep));
 	PEER_CHECK_EQ(cs.connect_calls, 1);
 	if (cs.connect_status == UCS_OK) {
 		PEER_CHECK_EQ(uct_cm_client_ep_conn_notify(ep), UCS_OK);
 		PEER_CHECK_EQ(send_am(side, ep, "ping"), UCS_OK);
 		PEER_CHECK(side.progress_until([&] { return !cs.am.empty(); }));
 		PEER_CHECK(cs.am[0] == "pong");
-		PEER_CHECK(link.send("got pong"));
+		PEER_CHECK(link.send_frame("got pong"));
 		if (cfg.disconnect == 'C') {
 			PEER_CHECK_EQ(uct_ep_disconnect(ep, 0), UCS_INPROGRESS);
 			PEER_CHECK(side.progress_until([&] { return cs.disconnects > 0; }));
 			PEER_CHECK_EQ(uct_ep_disconnect(ep, 0), UCS_ERR_NOT_CONNECTED);
-			PEER_CHECK(link.send("disconnected"));
+			PEER_CHECK(link.send_frame("disconnected"));
 		} else if (cfg.disconnect == 'S') {
 			PEER_CHECK(side.progress_until([&] { return cs.disconnects > 0; }));
 			PEER_CHECK_EQ(uct_ep_disconnect(ep, 0), UCS_OK);  // answering the server's
 			PEER_CHECK_EQ(uct_ep_disconnect(ep, 0), UCS_ERR_NOT_CONNECTED);
-			PEER_CHECK(link.send("disconnected"));
+			PEER_CHECK(link.send_frame("disconnected"));
 		}
 	}
 	// Until the test side says bye (it may still need our progress).
@@ -262,7 +262,7 @@ protected:
 	void TearDown() override
 	{
 		if (peer) {
-			peer->link.send("bye");
+			peer->link.send_frame("bye");
 			auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
 			int rc = -1;
 			while (std::chrono::steady_clock::now() < end) {  // keep progressing: the peer may need us
@@ -281,19 +281,21 @@ protected:
 		peer = std::make_unique<Peer>("cm_client");
 		ASSERT_TRUE(peer->started());
 		ClientCfg cfg{port, static_cast<uint8_t>(use_resolve), disconnect};
-		ASSERT_TRUE(peer->link.send_val(cfg));
+		ASSERT_TRUE(peer->link.send_value(cfg));
 	}
 	ClientReport report()
 	{
 		ClientReport r{};
-		bool ok = srv.progress_until([&] { return peer->link.readable(); }, 15000) && peer->link.recv_val(&r);
+		bool ok = srv.progress_until([&] { return peer->link.readable(); }, 15000) &&
+			  peer->link.recv_value(&r, kLinkTimeout);
 		EXPECT_TRUE(ok) << "no report from the client";
 		return r;
 	}
 	bool wait_link(const char *what)
 	{
 		std::string msg;
-		bool ok = srv.progress_until([&] { return peer->link.readable(); }, 15000) && peer->link.recv(&msg);
+		bool ok = srv.progress_until([&] { return peer->link.readable(); }, 15000) &&
+			  peer->link.recv_frame(&msg, kLinkTimeout);
 		return ok && msg == what;
 	}
 	// Connect, then data both ways.
@@ -380,15 +382,15 @@ TEST_F(Cm, ClientDeathIsADisconnect)
 TEST(CmClient, NoServerIsUnreachable)
 {
 	// A port nobody listens on: bind one, then close it.
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	ASSERT_GE(fd, 0);
+	xsrc::unique_fd fd(socket(AF_INET, SOCK_STREAM, 0));
+	ASSERT_GE(fd.get(), 0);
 	sockaddr_in sin{};
 	sin.sin_family = AF_INET;
 	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	socklen_t len = sizeof(sin);
-	ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&sin), sizeof(sin)), 0);
-	ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&sin), &len), 0);
-	close(fd);
+	ASSERT_EQ(bind(fd.get(), reinterpret_cast<sockaddr *>(&sin), sizeof(sin)), 0);
+	ASSERT_EQ(getsockname(fd.get(), reinterpret_cast<sockaddr *>(&sin), &len), 0);
+	fd.reset();
 
 	Side side;
 	ASSERT_EQ(side.open(), UCS_OK);
@@ -427,10 +429,5 @@ TEST(CmClient, NoServerIsUnreachable)
 
 int main(int argc, char **argv)
 {
-	bool is_peer;
-	int r = peer_main(argc, argv, &is_peer);
-	if (is_peer)
-		return r;
-	::testing::InitGoogleTest(&argc, argv);
-	return RUN_ALL_TESTS();
+	return xsrc_uct_test::peer_or_tests_main(argc, argv);
 }

@@ -96,7 +96,7 @@ void release_all(Rx &rx)
 }
 
 // The child: open, connect, then serve commands while progressing.
-int serve_child(int fd, const xsrc_uct_iface_config_t *cfg = nullptr, size_t fill_off = 512 * 1024)
+int serve_child(Link &link, const xsrc_uct_iface_config_t *cfg = nullptr, size_t fill_off = 512 * 1024)
 {
 	Node n;
 	Rx rx;
@@ -108,21 +108,20 @@ int serve_child(int fd, const xsrc_uct_iface_config_t *cfg = nullptr, size_t fil
 	CHILD_CHECK(uct_iface_set_am_handler(n.iface, 40, am_record, &rx, 0) == UCS_ERR_INVALID_PARAM);
 	for (size_t k = 0; k < 64 * 1024; ++k)
 		n.mem[fill_off + k] = static_cast<char>(k * 7 + 3);
-	CHILD_CHECK(n.connect(fd) == UCS_OK);
+	CHILD_CHECK(n.connect(link) == UCS_OK);
 	for (;;) {
 		n.progress();
-		pollfd p{fd, POLLIN, 0};
-		if (poll(&p, 1, 0) <= 0)
+		if (!link.readable())
 			continue;
-		uint64_t cmd = recv_u64(fd);
+		uint64_t cmd = recv_u64(link);
 		switch (cmd) {
 		case cmd_exit:
 			CHILD_CHECK(rx.held_intact);
 			return 0;
 		case cmd_dump: {
-			uint64_t off = recv_u64(fd), len = recv_u64(fd);
+			uint64_t off = recv_u64(link), len = recv_u64(link);
 			CHILD_CHECK(off + len <= n.mem.size());
-			send_blob(fd, std::vector<uint8_t>(n.mem.begin() + off, n.mem.begin() + off + len));
+			send_blob(link, std::vector<uint8_t>(n.mem.begin() + off, n.mem.begin() + off + len));
 			break;
 		}
 		case cmd_report: {
@@ -132,34 +131,34 @@ int serve_child(int fd, const xsrc_uct_iface_config_t *cfg = nullptr, size_t fil
 				out.insert(out.end(), reinterpret_cast<uint8_t *>(&len), reinterpret_cast<uint8_t *>(&len) + 4);
 				out.insert(out.end(), r.begin(), r.end());
 			}
-			send_blob(fd, out);
+			send_blob(link, out);
 			break;
 		}
 		case cmd_release:
 			release_all(rx);
-			send_u64(fd, rx.held_intact ? 1 : 0);
+			send_u64(link, rx.held_intact ? 1 : 0);
 			break;
 		case cmd_send_am: {
 			uint64_t v = 0xabcdef;
 			ucs_status_t st;
 			while ((st = uct_ep_am_short(n.ep, 1, v, nullptr, 0)) == UCS_ERR_NO_RESOURCE)
 				n.progress();
-			send_u64(fd, st);
+			send_u64(link, st);
 			break;
 		}
 		case cmd_hold:
 			rx.hold = true;
-			send_u64(fd, 1);
+			send_u64(link, 1);
 			break;
 		case cmd_count:
-			send_u64(fd, rx.records.size());
+			send_u64(link, rx.records.size());
 			break;
 		case cmd_iface_addr: {
 			std::vector<uint8_t> b(n.attr.device_addr_len + n.attr.iface_addr_len);
 			CHILD_CHECK(uct_iface_get_device_address(n.iface, reinterpret_cast<uct_device_addr_t *>(b.data())) == UCS_OK);
 			CHILD_CHECK(uct_iface_get_address(n.iface, reinterpret_cast<uct_iface_addr_t *>(b.data() + n.attr.device_addr_len)) ==
 				    UCS_OK);
-			send_blob(fd, b);
+			send_blob(link, b);
 			break;
 		}
 		default:
@@ -168,21 +167,21 @@ int serve_child(int fd, const xsrc_uct_iface_config_t *cfg = nullptr, size_t fil
 	}
 }
 
-std::vector<uint8_t> dump(int fd, uint64_t off, uint64_t len)
+std::vector<uint8_t> dump(Link &link, uint64_t off, uint64_t len)
 {
-	send_u64(fd, cmd_dump);
-	send_u64(fd, off);
-	send_u64(fd, len);
+	send_u64(link, cmd_dump);
+	send_u64(link, off);
+	send_u64(link, len);
 	std::vector<uint8_t> b;
-	recv_blob(fd, b);
+	recv_blob(link, b);
 	return b;
 }
 
-std::vector<std::vector<uint8_t>> report(int fd)
+std::vector<std::vector<uint8_t>> report(Link &link)
 {
-	send_u64(fd, cmd_report);
+	send_u64(link, cmd_report);
 	std::vector<uint8_t> b;
-	recv_blob(fd, b);
+	recv_blob(link, b);
 	std::vector<std::vector<uint8_t>> out;
 	for (size_t off = 0; off + 4 <= b.size();) {
 		uint32_t len;
@@ -194,18 +193,18 @@ std::vector<std::vector<uint8_t>> report(int fd)
 }
 
 // Connects this process to a serve_child and runs `body`; then stops the child.
-void with_peer(const std::function<void(Node &, int fd)> &body, const xsrc_uct_iface_config_t *cfg = nullptr,
+void with_peer(const std::function<void(Node &, Link &link)> &body, const xsrc_uct_iface_config_t *cfg = nullptr,
 	       bool expect_child_ok = true)
 {
-	int rc = run_pair([cfg](int fd) { return serve_child(fd, cfg); },
-			  [&](int fd, pid_t) {
+	int rc = run_pair([cfg](Link &link) { return serve_child(link, cfg); },
+			  [&](Link &link, const Child &) {
 				  Node n;
 				  ASSERT_EQ(n.open(1 << 20, cfg), UCS_OK);
-				  ASSERT_EQ(n.connect(fd), UCS_OK);
-				  send_u64(fd, cmd_count);  // the child answers once it is connected too
-				  ASSERT_EQ(recv_u64(fd), 0u);
-				  body(n, fd);
-				  send_u64(fd, cmd_exit);
+				  ASSERT_EQ(n.connect(link), UCS_OK);
+				  send_u64(link, cmd_count);  // the child answers once it is connected too
+				  ASSERT_EQ(recv_u64(link), 0u);
+				  body(n, link);
+				  send_u64(link, cmd_exit);
 			  });
 	if (expect_child_ok) {
 		EXPECT_EQ(rc, 0);
@@ -417,7 +416,7 @@ TEST(Query, OpenErrors)
 // --- RMA ------------------------------------------------------------------------------------------
 TEST(Rma, PutShortBcopyZcopy)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		const char msg[] = "put_short over xsrc";
 		ASSERT_EQ(uct_ep_put_short(n.ep, msg, sizeof(msg), n.peer_addr + 0, n.peer_rkey.rkey), UCS_OK);
 		size_t blen = 5000;
@@ -459,12 +458,12 @@ TEST(Rma, PutShortBcopyZcopy)
 		ASSERT_EQ(n.flush(), UCS_OK);
 		EXPECT_EQ(seen, mark);
 
-		auto d = dump(fd, 0, sizeof(msg));
+		auto d = dump(link, 0, sizeof(msg));
 		EXPECT_EQ(memcmp(d.data(), msg, sizeof(msg)), 0);
-		d = dump(fd, 4096, 5000);
+		d = dump(link, 4096, 5000);
 		for (size_t k = 0; k < 5000; ++k)
 			ASSERT_EQ(d[k], static_cast<uint8_t>(k ^ 0x5a)) << k;
-		d = dump(fd, 16384, 100000);
+		d = dump(link, 16384, 100000);
 		for (size_t k = 0; k < 100000; ++k)
 			ASSERT_EQ(d[k], static_cast<uint8_t>(k * 13)) << k;
 		// Zero-length put is harmless.
@@ -475,7 +474,7 @@ TEST(Rma, PutShortBcopyZcopy)
 
 TEST(Rma, GetShortBcopyZcopy)
 {
-	with_peer([](Node &n, int) {
+	with_peer([](Node &n, Link &) {
 		const size_t base = 512 * 1024;  // the child filled 64 KiB there with k*7+3
 		auto expect = [](size_t k) { return static_cast<char>(k * 7 + 3); };
 		char small[64] = {};
@@ -512,7 +511,7 @@ TEST(Rma, GetShortBcopyZcopy)
 TEST(Rma, BadRkeyFailsTheEpWithAStatus)
 {
 	with_peer(
-		[](Node &n, int) {
+		[](Node &n, Link &) {
 			Comp c;
 			uct_iov_t iov{n.mem.data(), 64, n.memh, 0, 1};
 			ucs_status_t st = uct_ep_put_zcopy(n.ep, &iov, 1, n.peer_addr, n.peer_rkey.rkey ^ 0x5555, &c.c);
@@ -538,7 +537,7 @@ size_t pack_text(void *dest, void *arg)
 
 TEST(Am, ShortIovBcopyZcopy)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		uint64_t hdr = 0x1122334455667788ull;
 		const char p1[] = "short";
 		ASSERT_EQ(uct_ep_am_short(n.ep, 1, hdr, p1, sizeof(p1)), UCS_OK);
@@ -563,7 +562,7 @@ TEST(Am, ShortIovBcopyZcopy)
 		std::vector<std::vector<uint8_t>> r;
 		ASSERT_TRUE(n.wait(
 			[&] {
-				r = report(fd);
+				r = report(link);
 				return r.size() >= 4;
 			},
 			10));
@@ -584,9 +583,9 @@ TEST(Am, ShortIovBcopyZcopy)
 
 TEST(Am, HandlerKeepsDescriptorUntilReleased)
 {
-	with_peer([](Node &n, int fd) {
-		send_u64(fd, cmd_hold);
-		ASSERT_EQ(recv_u64(fd), 1u);
+	with_peer([](Node &n, Link &link) {
+		send_u64(link, cmd_hold);
+		ASSERT_EQ(recv_u64(link), 1u);
 		for (int k = 0; k < 3; ++k) {
 			std::string s = "kept-" + std::to_string(k) + std::string(100 * (k + 1), static_cast<char>('a' + k));
 			ASSERT_EQ(uct_ep_am_bcopy(n.ep, 2, pack_text, &s, 0), static_cast<ssize_t>(s.size()));
@@ -594,7 +593,7 @@ TEST(Am, HandlerKeepsDescriptorUntilReleased)
 		ASSERT_EQ(n.flush(), UCS_OK);
 		std::vector<std::vector<uint8_t>> r;
 		ASSERT_TRUE(n.wait([&] {
-			r = report(fd);
+			r = report(link);
 			return r.size() >= 3;
 		}));
 		// More traffic while they are held: the held buffers must stay intact.
@@ -605,8 +604,8 @@ TEST(Am, HandlerKeepsDescriptorUntilReleased)
 				n.progress();
 			ASSERT_EQ(len, 500);
 		}
-		send_u64(fd, cmd_release);
-		EXPECT_EQ(recv_u64(fd), 1u);  // contents unchanged at release time
+		send_u64(link, cmd_release);
+		EXPECT_EQ(recv_u64(link), 1u);  // contents unchanged at release time
 	});
 }
 
@@ -632,18 +631,18 @@ ucs_status_t am_keep_headroom(void *arg, void *data, size_t length, unsigned fla
 
 TEST(Am, RxHeadroomDescriptorsReleaseAndRepost)
 {
-	int rc = run_pair([](int fd) { return serve_child(fd); },
-			  [](int fd, pid_t) {
+	int rc = run_pair([](Link &link) { return serve_child(link); },
+			  [](Link &link, const Child &) {
 				  Node n;
 				  ASSERT_EQ(n.open(1 << 20, nullptr, 40), UCS_OK);
-				  ASSERT_EQ(n.connect(fd), UCS_OK);
+				  ASSERT_EQ(n.connect(link), UCS_OK);
 				  Keeper k;
 				  k.headroom = 40;
 				  ASSERT_EQ(uct_iface_set_am_handler(n.iface, 1, am_keep_headroom, &k, 0), UCS_OK);
 				  auto ask = [&](int count) {
 					  for (int c = 0; c < count; ++c) {
-						  send_u64(fd, cmd_send_am);
-						  ASSERT_EQ(recv_u64(fd), static_cast<uint64_t>(UCS_OK));
+						  send_u64(link, cmd_send_am);
+						  ASSERT_EQ(recv_u64(link), static_cast<uint64_t>(UCS_OK));
 					  }
 				  };
 				  ask(10);
@@ -664,7 +663,7 @@ TEST(Am, RxHeadroomDescriptorsReleaseAndRepost)
 						  uct_iface_release_desc(h.first - 40);
 					  k.held.clear();
 				  }
-				  send_u64(fd, cmd_exit);
+				  send_u64(link, cmd_exit);
 			  });
 	EXPECT_EQ(rc, 0);
 }
@@ -701,9 +700,9 @@ TEST(FlowControl, SlowReceiverThrottlesSenderNothingLost)
 	xsrc_uct_iface_config_init(&cfg);
 	cfg.rx_queue_len = 8;
 	with_peer(
-		[](Node &n, int fd) {
-			send_u64(fd, cmd_hold);  // the receiver keeps every message: no receive is re-posted
-			ASSERT_EQ(recv_u64(fd), 1u);
+		[](Node &n, Link &link) {
+			send_u64(link, cmd_hold);  // the receiver keeps every message: no receive is re-posted
+			ASSERT_EQ(recv_u64(link), 1u);
 			Sender s;
 			s.req.func = Sender::run;
 			s.n = &n;
@@ -721,19 +720,19 @@ TEST(FlowControl, SlowReceiverThrottlesSenderNothingLost)
 			// Progress a while: no credits come back, the pending request does not run.
 			n.wait([] { return false; }, 0.3);
 			EXPECT_EQ(s.calls, 0);
-			send_u64(fd, cmd_count);
-			EXPECT_EQ(recv_u64(fd), 8u);
+			send_u64(link, cmd_count);
+			EXPECT_EQ(recv_u64(link), 8u);
 			// Flush refuses while requests are pending (UCX semantics).
 			EXPECT_EQ(uct_ep_flush(n.ep, 0, nullptr), UCS_ERR_NO_RESOURCE);
 			// The receiver releases (and re-posts) everything: grants come, pending runs.
-			send_u64(fd, cmd_release);
-			EXPECT_EQ(recv_u64(fd), 1u);
+			send_u64(link, cmd_release);
+			EXPECT_EQ(recv_u64(link), 1u);
 			ASSERT_TRUE(n.wait([&] { return s.next == s.total; }));
 			EXPECT_GE(s.calls, 1);
 			ASSERT_EQ(n.flush(), UCS_OK);
 			std::vector<std::vector<uint8_t>> r;
 			ASSERT_TRUE(n.wait([&] {
-				r = report(fd);
+				r = report(link);
 				return r.size() >= 40;
 			}));
 			ASSERT_EQ(r.size(), 40u);
@@ -753,12 +752,12 @@ TEST(Pending, AddWhenResourcesFreeIsBusyPurgeCallsBack)
 	xsrc_uct_iface_config_init(&cfg);
 	cfg.rx_queue_len = 4;
 	with_peer(
-		[](Node &n, int fd) {
+		[](Node &n, Link &link) {
 			uct_pending_req_t r1{}, r2{};
 			r1.func = r2.func = [](uct_pending_req_t *) { return UCS_OK; };
 			EXPECT_EQ(uct_ep_pending_add(n.ep, &r1, 0), UCS_ERR_BUSY);  // credits available
-			send_u64(fd, cmd_hold);
-			ASSERT_EQ(recv_u64(fd), 1u);
+			send_u64(link, cmd_hold);
+			ASSERT_EQ(recv_u64(link), 1u);
 			int sent = 0;
 			while (uct_ep_am_short(n.ep, 2, 0, nullptr, 0) == UCS_OK)
 				++sent;
@@ -777,8 +776,8 @@ TEST(Pending, AddWhenResourcesFreeIsBusyPurgeCallsBack)
 			ASSERT_EQ(purged.size(), 2u);
 			EXPECT_EQ(purged[0], &r1);
 			EXPECT_EQ(purged[1], &r2);
-			send_u64(fd, cmd_release);
-			EXPECT_EQ(recv_u64(fd), 1u);
+			send_u64(link, cmd_release);
+			EXPECT_EQ(recv_u64(link), 1u);
 			EXPECT_EQ(n.flush(), UCS_OK);
 		},
 		&cfg);
@@ -787,7 +786,7 @@ TEST(Pending, AddWhenResourcesFreeIsBusyPurgeCallsBack)
 // --- Atomics --------------------------------------------------------------------------------------
 TEST(Atomic, Ops64FetchPostCswap)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		uint64_t w = n.peer_addr + 0x1000;
 		uct_rkey_t rk = n.peer_rkey.rkey;
 		auto fetch = [&](uct_atomic_op_t op, uint64_t v) {
@@ -822,7 +821,7 @@ TEST(Atomic, Ops64FetchPostCswap)
 		ASSERT_EQ(uct_ep_atomic64_post(n.ep, UCT_ATOMIC_OP_OR, 8, w, rk), UCS_OK);    // 11
 		ASSERT_EQ(uct_ep_atomic64_post(n.ep, UCT_ATOMIC_OP_XOR, 1, w, rk), UCS_OK);   // 10
 		ASSERT_EQ(n.flush(), UCS_OK);
-		auto d = dump(fd, 0x1000, 8);
+		auto d = dump(link, 0x1000, 8);
 		uint64_t v;
 		memcpy(&v, d.data(), 8);
 		EXPECT_EQ(v, 10u);
@@ -833,7 +832,7 @@ TEST(Atomic, Ops64FetchPostCswap)
 
 TEST(Atomic, Ops32OnHalvesOfAWordUnderContention)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		uct_rkey_t rk = n.peer_rkey.rkey;
 		uint64_t lo = n.peer_addr + 0x2000, hi = lo + 4;
 		uint32_t init[2] = {0xFFFFFFFFu, 0x12345678u};
@@ -863,7 +862,7 @@ TEST(Atomic, Ops32OnHalvesOfAWordUnderContention)
 		EXPECT_EQ(res, 100u);
 		ASSERT_EQ(uct_ep_atomic32_post(n.ep, UCT_ATOMIC_OP_ADD, 7, lo, rk), UCS_OK);
 		ASSERT_EQ(n.flush(), UCS_OK);
-		auto d = dump(fd, 0x2000, 8);
+		auto d = dump(link, 0x2000, 8);
 		uint32_t got[2];
 		memcpy(got, d.data(), 8);
 		EXPECT_EQ(got[0], 7u);
@@ -898,7 +897,7 @@ TEST(Atomic, Ops32OnHalvesOfAWordUnderContention)
 			EXPECT_EQ(rl[k], 7u + k);
 			EXPECT_EQ(rh[k], 200u + k);
 		}
-		d = dump(fd, 0x2000, 8);
+		d = dump(link, 0x2000, 8);
 		memcpy(got, d.data(), 8);
 		EXPECT_EQ(got[0], 7u + k_ops);
 		EXPECT_EQ(got[1], 200u + k_ops);
@@ -909,7 +908,7 @@ TEST(Atomic, Ops32OnHalvesOfAWordUnderContention)
 // --- Flush, cancel --------------------------------------------------------------------------------
 TEST(Flush, IfaceFlushAndCancel)
 {
-	with_peer([](Node &n, int) {
+	with_peer([](Node &n, Link &) {
 		for (int k = 0; k < 10; ++k)
 			ASSERT_EQ(uct_ep_put_short(n.ep, &k, sizeof(k), n.peer_addr + 8 * k, n.peer_rkey.rkey), UCS_OK);
 		ucs_status_t st;
@@ -938,17 +937,17 @@ TEST(Flush, IfaceFlushAndCancel)
 // --- Dead peer ------------------------------------------------------------------------------------
 TEST(DeadPeer, EpCheckReportsThroughErrorHandler)
 {
-	int rc = run_pair([](int fd) { return serve_child(fd); },
-			  [](int fd, pid_t pid) {
+	int rc = run_pair([](Link &link) { return serve_child(link); },
+			  [](Link &link, const Child &peer) {
 				  Node n;
 				  ASSERT_EQ(n.open(), UCS_OK);
-				  ASSERT_EQ(n.connect(fd), UCS_OK);
+				  ASSERT_EQ(n.connect(link), UCS_OK);
 				  ASSERT_EQ(uct_ep_check(n.ep, 0, nullptr), UCS_OK);  // alive: no error
 				  ASSERT_EQ(n.flush(), UCS_OK);
 				  EXPECT_EQ(n.errors, 0);
 				  EXPECT_EQ(uct_ep_check(n.ep, 1, nullptr), UCS_ERR_INVALID_PARAM);
-				  kill(pid, SIGKILL);
-				  wait_dead(pid);
+				  kill(peer.pid(), SIGKILL);
+				  peer.wait_exited();
 				  ASSERT_EQ(uct_ep_check(n.ep, 0, nullptr), UCS_OK);
 				  ASSERT_TRUE(n.wait([&] { return n.errors > 0; }, 20));
 				  EXPECT_EQ(n.errors, 1);
@@ -968,13 +967,13 @@ TEST(DeadPeer, EpCheckReportsThroughErrorHandler)
 
 TEST(DeadPeer, OutstandingOpsCompleteWithError)
 {
-	int rc = run_pair([](int fd) { return serve_child(fd); },
-			  [](int fd, pid_t pid) {
+	int rc = run_pair([](Link &link) { return serve_child(link); },
+			  [](Link &link, const Child &peer) {
 				  Node n;
 				  ASSERT_EQ(n.open(), UCS_OK);
-				  ASSERT_EQ(n.connect(fd), UCS_OK);
-				  kill(pid, SIGKILL);
-				  wait_dead(pid);
+				  ASSERT_EQ(n.connect(link), UCS_OK);
+				  kill(peer.pid(), SIGKILL);
+				  peer.wait_exited();
 				  uct_iov_t iov{n.mem.data(), 4096, n.memh, 0, 1};
 				  Comp g, a;
 				  ucs_status_t st = uct_ep_get_zcopy(n.ep, &iov, 1, n.peer_addr, n.peer_rkey.rkey, &g.c);
@@ -995,10 +994,10 @@ TEST(DeadPeer, OutstandingOpsCompleteWithError)
 // --- Connect to an iface address ---------------------------------------------------------------
 TEST(ConnectToIface, EpFromIfaceAddressCarriesTraffic)
 {
-	with_peer([](Node &n, int fd) {
-		send_u64(fd, cmd_iface_addr);
+	with_peer([](Node &n, Link &link) {
+		send_u64(link, cmd_iface_addr);
 		std::vector<uint8_t> b;
-		ASSERT_TRUE(recv_blob(fd, b));
+		ASSERT_TRUE(recv_blob(link, b));
 		ASSERT_EQ(b.size(), n.attr.device_addr_len + n.attr.iface_addr_len);
 		auto *dev = reinterpret_cast<uct_device_addr_t *>(b.data());
 		auto *ia = reinterpret_cast<uct_iface_addr_t *>(b.data() + n.attr.device_addr_len);
@@ -1036,11 +1035,11 @@ TEST(ConnectToIface, EpFromIfaceAddressCarriesTraffic)
 		ucs_status_t fs;
 		ASSERT_TRUE(n.wait([&] { return (fs = uct_ep_flush(ep2, 0, nullptr)) != UCS_INPROGRESS; }));
 		EXPECT_EQ(fs, UCS_OK);
-		auto d = dump(fd, 300000, 9);
+		auto d = dump(link, 300000, 9);
 		EXPECT_EQ(std::string(d.begin(), d.end()), "iface-put");
 		std::vector<std::vector<uint8_t>> rec;
 		ASSERT_TRUE(n.wait([&] {
-			rec = report(fd);
+			rec = report(link);
 			return !rec.empty();
 		}));
 		ASSERT_EQ(rec.size(), 1u);
@@ -1061,7 +1060,7 @@ ucs_status_t count_am(void *arg, void *, size_t, unsigned)
 
 TEST(Events, EventFdWakesOnReceiveArmIsBusyWhilePending)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		int got = 0;
 		ASSERT_EQ(uct_iface_set_am_handler(n.iface, 1, count_am, &got, 0), UCS_OK);
 		int efd = -1;
@@ -1071,8 +1070,8 @@ TEST(Events, EventFdWakesOnReceiveArmIsBusyWhilePending)
 		ASSERT_EQ(uct_iface_event_arm(n.iface, UCT_EVENT_RECV | UCT_EVENT_SEND_COMP), UCS_OK);
 		pollfd p{efd, POLLIN, 0};
 		EXPECT_EQ(poll(&p, 1, 0), 0);  // nothing yet
-		send_u64(fd, cmd_send_am);
-		EXPECT_EQ(recv_u64(fd), static_cast<uint64_t>(UCS_OK));
+		send_u64(link, cmd_send_am);
+		EXPECT_EQ(recv_u64(link), static_cast<uint64_t>(UCS_OK));
 		p = {efd, POLLIN, 0};
 		ASSERT_EQ(poll(&p, 1, 5000), 1);  // the receive woke the channel
 		EXPECT_EQ(got, 0);  // not handled until progress
@@ -1086,19 +1085,19 @@ TEST(Events, EventFdWakesOnReceiveArmIsBusyWhilePending)
 
 TEST(Progress, WorkerDrivesIfaceWhenEnabled)
 {
-	with_peer([](Node &n, int fd) {
+	with_peer([](Node &n, Link &link) {
 		int got = 0;
 		ASSERT_EQ(uct_iface_set_am_handler(n.iface, 1, count_am, &got, 0), UCS_OK);
 		uct_iface_progress_enable(n.iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
-		send_u64(fd, cmd_send_am);
-		EXPECT_EQ(recv_u64(fd), static_cast<uint64_t>(UCS_OK));
+		send_u64(link, cmd_send_am);
+		EXPECT_EQ(recv_u64(link), static_cast<uint64_t>(UCS_OK));
 		auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
 		while (got == 0 && std::chrono::steady_clock::now() < end)
 			uct_worker_progress(n.worker);
 		EXPECT_EQ(got, 1);
 		uct_iface_progress_disable(n.iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
-		send_u64(fd, cmd_send_am);
-		EXPECT_EQ(recv_u64(fd), static_cast<uint64_t>(UCS_OK));
+		send_u64(link, cmd_send_am);
+		EXPECT_EQ(recv_u64(link), static_cast<uint64_t>(UCS_OK));
 		end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
 		while (std::chrono::steady_clock::now() < end)
 			uct_worker_progress(n.worker);

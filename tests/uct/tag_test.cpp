@@ -176,7 +176,7 @@ Cmd make_cmd(char op, uint64_t tag, uint64_t len = 0, uint64_t imm = 0, std::str
 // Sends a command and waits for the reply, progressing the local side meanwhile.
 bool ask(Side &s, Link &link, const Cmd &c, Reply *reply)
 {
-	if (!link.send_val(c))
+	if (!link.send_value(c))
 		return false;
 	auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
 	while (!link.readable()) {
@@ -185,7 +185,7 @@ bool ask(Side &s, Link &link, const Cmd &c, Reply *reply)
 		if (!s.progress())
 			usleep(20);
 	}
-	return link.recv_val(reply);
+	return link.recv_value(reply, kLinkTimeout);
 }
 
 struct PackArg {
@@ -240,7 +240,7 @@ XSRC_UCT_PEER(sender)
 			if (!side.progress())
 				usleep(20);
 		Cmd c;
-		if (!link.recv_val(&c))
+		if (!link.recv_value(&c, kLinkTimeout))
 			return 0;  // the test side is gone
 		Reply r;
 		size_t len = std::min<size_t>(c.len, big.size());
@@ -294,12 +294,12 @@ XSRC_UCT_PEER(sender)
 		case 'X':
 			uct_ep_destroy(ep);
 			xsrc_uct_md_mem_dereg(side.md, memh);
-			link.send_val(r);
+			link.send_value(r);
 			return 0;
 		default:
 			PEER_CHECK(!"unknown command");
 		}
-		PEER_CHECK(link.send_val(r));
+		PEER_CHECK(link.send_value(r));
 	}
 }
 
@@ -312,7 +312,7 @@ XSRC_UCT_PEER(rndv_victim)
 	uct_ep_h ep = side.connect(link);
 	PEER_CHECK(ep != nullptr);
 	PEER_CHECK(side.progress_until([&] { return !rec.rndv.empty(); }));
-	link.send("got the RTS");
+	link.send_frame("got the RTS");
 	_exit(0);  // no ATS, no clean-up: the sender must see its operation fail
 }
 
@@ -654,7 +654,7 @@ TEST(TagDeadPeer, RendezvousFailsWhenTheReceiverDies)
 	auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
 	while (!peer.link.readable() && std::chrono::steady_clock::now() < end)
 		side.progress();
-	ASSERT_TRUE(peer.link.recv(&msg));
+	ASSERT_TRUE(peer.link.recv_frame(&msg, kLinkTimeout));
 	EXPECT_EQ(peer.wait(), 0);  // it is gone now, without answering
 	EXPECT_EQ(comp.fired, 0);
 	// ep_check (or any traffic) finds the dead peer; the rendezvous fails with the ep.
@@ -674,10 +674,5 @@ TEST(TagDeadPeer, RendezvousFailsWhenTheReceiverDies)
 
 int main(int argc, char **argv)
 {
-	bool is_peer;
-	int r = peer_main(argc, argv, &is_peer);
-	if (is_peer)
-		return r;
-	::testing::InitGoogleTest(&argc, argv);
-	return RUN_ALL_TESTS();
+	return xsrc_uct_test::peer_or_tests_main(argc, argv);
 }

@@ -7,15 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include "harness/child.h"
+#include "harness/uct_iface.h"
+
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
 
@@ -23,59 +23,22 @@ namespace uctpair {
 
 inline const char *dev_name() { return getenv("XSRC_UCT_DEV") ? getenv("XSRC_UCT_DEV") : "xsrc0"; }
 
-// --- A tiny message channel over a stream socket -------------------------------------------
-inline bool write_all(int fd, const void *p, size_t n)
-{
-	auto *c = static_cast<const char *>(p);
-	while (n) {
-		ssize_t r = write(fd, c, n);
-		if (r <= 0)
-			return false;
-		c += r;
-		n -= static_cast<size_t>(r);
-	}
-	return true;
-}
-inline bool read_all(int fd, void *p, size_t n)
-{
-	auto *c = static_cast<char *>(p);
-	while (n) {
-		ssize_t r = read(fd, c, n);
-		if (r <= 0)
-			return false;
-		c += r;
-		n -= static_cast<size_t>(r);
-	}
-	return true;
-}
-inline bool send_blob(int fd, const std::vector<uint8_t> &b)
-{
-	uint32_t n = static_cast<uint32_t>(b.size());
-	return write_all(fd, &n, 4) && write_all(fd, b.data(), n);
-}
-inline bool recv_blob(int fd, std::vector<uint8_t> &b)
-{
-	uint32_t n;
-	if (!read_all(fd, &n, 4) || n > (1u << 20))
-		return false;
-	b.resize(n);
-	return read_all(fd, b.data(), n);
-}
-inline bool send_u64(int fd, uint64_t v) { return write_all(fd, &v, 8); }
-inline uint64_t recv_u64(int fd)
+using xsrc::harness::Child;
+using xsrc::harness::Link;
+
+// --- Blobs and numbers between the sides (no time limit: ctest's ends a hung test) ---------
+inline bool send_blob(const Link &link, const std::vector<uint8_t> &b) { return link.send_frame(b); }
+inline bool recv_blob(const Link &link, std::vector<uint8_t> &b) { return link.recv_frame(&b, xsrc::harness::kForever); }
+inline bool send_u64(const Link &link, uint64_t v) { return link.send_value(v); }
+inline uint64_t recv_u64(const Link &link)
 {
 	uint64_t v = ~uint64_t{0};
-	return read_all(fd, &v, 8) ? v : ~uint64_t{0};
+	return link.recv_value(&v, xsrc::harness::kForever) ? v : ~uint64_t{0};
 }
 
 // --- One side -------------------------------------------------------------------------------
-struct Node {
-	ucs_async_context_t *async = nullptr;
-	uct_worker_h worker = nullptr;
-	uct_md_h md = nullptr;
-	uct_iface_h iface = nullptr;
+struct Node : xsrc::harness::UctIface {
 	uct_ep_h ep = nullptr;
-	uct_iface_attr_t attr{};
 	std::vector<char> mem;
 	uct_mem_h memh = nullptr;
 	uct_rkey_bundle_t peer_rkey{};
@@ -98,22 +61,15 @@ struct Node {
 	// Opens everything but the ep connection. Returns a status, never asserts (runs in children too).
 	ucs_status_t open(size_t mem_len = 1 << 20, const xsrc_uct_iface_config_t *cfg = nullptr, size_t rx_headroom = 0)
 	{
-		ucs_status_t st = ucs_async_context_create(UCS_ASYNC_MODE_POLL, &async);
-		if (st != UCS_OK)
-			return st;
-		st = uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker);
+		ucs_status_t st = open_worker();
 		if (st != UCS_OK)
 			return st;
 		st = xsrc_uct_md_open(dev_name(), nullptr, &md);
 		if (st != UCS_OK)
 			return st;
 		uct_iface_params_t p{};
-		std::string dev = std::string(dev_name()) + ":1";
-		p.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_ERR_HANDLER |
-			       UCT_IFACE_PARAM_FIELD_ERR_HANDLER_ARG | UCT_IFACE_PARAM_FIELD_ERR_HANDLER_FLAGS;
-		p.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
-		p.mode.device.tl_name = XSRC_UCT_TL_NAME;
-		p.mode.device.dev_name = dev.c_str();
+		p.field_mask = UCT_IFACE_PARAM_FIELD_ERR_HANDLER | UCT_IFACE_PARAM_FIELD_ERR_HANDLER_ARG |
+			       UCT_IFACE_PARAM_FIELD_ERR_HANDLER_FLAGS;
 		p.err_handler = on_error;
 		p.err_handler_arg = this;
 		p.err_handler_flags = UCT_CB_FLAG_ASYNC;
@@ -121,10 +77,7 @@ struct Node {
 			p.field_mask |= UCT_IFACE_PARAM_FIELD_RX_HEADROOM;
 			p.rx_headroom = rx_headroom;
 		}
-		st = xsrc_uct_iface_open(md, worker, &p, reinterpret_cast<const uct_iface_config_t *>(cfg), &iface);
-		if (st != UCS_OK)
-			return st;
-		st = uct_iface_query(iface, &attr);
+		st = open_iface(std::string(dev_name()) + ":1", p, reinterpret_cast<const uct_iface_config_t *>(cfg));
 		if (st != UCS_OK)
 			return st;
 		mem.assign(mem_len, 0);
@@ -138,7 +91,7 @@ struct Node {
 	}
 
 	// Swaps device and ep addresses, buffer address and rkey with the peer; connects.
-	ucs_status_t connect(int fd)
+	ucs_status_t connect(const Link &link)
 	{
 		std::vector<uint8_t> mine(attr.device_addr_len + attr.ep_addr_len + 8 + 8 + 4);
 		uint8_t *p = mine.data();
@@ -160,7 +113,7 @@ struct Node {
 		int32_t pid = getpid();
 		memcpy(p, &pid, 4);
 		std::vector<uint8_t> theirs;
-		if (!send_blob(fd, mine) || !recv_blob(fd, theirs) || theirs.size() != mine.size())
+		if (!send_blob(link, mine) || !recv_blob(link, theirs) || theirs.size() != mine.size())
 			return UCS_ERR_IO_ERROR;
 		const uint8_t *q = theirs.data();
 		auto *dev = reinterpret_cast<const uct_device_addr_t *>(q);
@@ -177,8 +130,6 @@ struct Node {
 		peer_pid = ppid;
 		return st;
 	}
-
-	unsigned progress() { return uct_iface_progress(iface); }
 
 	// Progresses until pred() or the deadline; true if pred() became true.
 	bool wait(const std::function<bool()> &pred, double seconds = 10)
@@ -213,18 +164,7 @@ struct Node {
 		if (memh)
 			xsrc_uct_md_mem_dereg(md, memh);
 		memh = nullptr;
-		if (iface)
-			uct_iface_close(iface);
-		iface = nullptr;
-		if (md)
-			xsrc_uct_md_close(md);
-		md = nullptr;
-		if (worker)
-			uct_worker_destroy(worker);
-		worker = nullptr;
-		if (async)
-			ucs_async_context_destroy(async);
-		async = nullptr;
+		UctIface::close();
 	}
 	~Node() { close(); }
 };
@@ -247,39 +187,17 @@ struct Comp {
 };
 static_assert(offsetof(Comp, c) == 0);
 
-// Runs `child` in a forked process with one end of a socketpair (exit code = its result),
-// and `parent` here with the other end. The parent's assertions are GoogleTest's; the
-// child reports by exit status (0 = good; a line on stderr says what failed).
-inline int run_pair(const std::function<int(int fd)> &child, const std::function<void(int fd, pid_t pid)> &parent)
+// Runs `child` in a forked process with one end of the link (exit code = its result), and
+// `parent` here with the other end. The parent's assertions are GoogleTest's; the child
+// reports by exit status (0 = good; a line on stderr says what failed). Returns the
+// child's exit code (128 + signal for a signal).
+inline int run_pair(const std::function<int(Link &)> &child, const std::function<void(Link &, const Child &)> &parent)
 {
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-		return -1;
-	fflush(nullptr);
-	pid_t pid = fork();
-	if (pid == 0) {
-		::close(sv[0]);
-		int rc = child(sv[1]);
-		_exit(rc);
-	}
-	::close(sv[1]);
-	parent(sv[0], pid);
-	::close(sv[0]);
-	int status = 0;
-	if (waitpid(pid, &status, 0) != pid) {
-		kill(pid, SIGKILL);
-		return -1;
-	}
-	if (WIFSIGNALED(status))
-		return 128 + WTERMSIG(status);
-	return WEXITSTATUS(status);
-}
-
-// Waits until the child has died, leaving it for run_pair to reap.
-inline void wait_dead(pid_t pid)
-{
-	siginfo_t si{};
-	waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOWAIT);
+	Child peer = Child::run(child);
+	parent(peer.link(), peer);
+	peer.link().close();
+	auto status = peer.wait(xsrc::harness::kForever);
+	return status ? xsrc::harness::exit_code(*status) : -1;
 }
 
 #define CHILD_CHECK(cond)                                                                        \

@@ -6,9 +6,9 @@
 // while it had work outstanding; the last ep gone takes the shared QPs with it.
 #include "uct_pair.h"
 
+#include "harness/device_stats.h"
+
 #include <array>
-#include <poll.h>
-#include <sstream>
 
 using namespace uctpair;
 
@@ -19,29 +19,6 @@ constexpr unsigned kMsgs = 160;  // per ep and phase: more than rx_queue_len (cr
 constexpr unsigned kVictim = 3;  // the ep destroyed midway
 constexpr uint8_t kAmId = 5;
 constexpr size_t kSlot = 4096;   // each ep's part of the peer's buffer (put targets)
-
-// objects= of xsrc0 in `xsrc status` (-1 if it cannot be read).
-long device_objects()
-{
-	const char *xsrc = getenv("XSRC");
-	std::string cmd = std::string(xsrc ? xsrc : "xsrc") + " status 2>/dev/null";
-	FILE *p = popen(cmd.c_str(), "r");
-	if (!p)
-		return -1;
-	char line[512];
-	long objects = -1;
-	while (fgets(line, sizeof(line), p)) {
-		std::istringstream f(line);
-		std::string name, field;
-		if (!(f >> name) || name != dev_name())
-			continue;
-		while (f >> field)
-			if (field.rfind("objects=", 0) == 0)
-				objects = std::stol(field.substr(8));
-	}
-	pclose(p);
-	return objects;
-}
 
 // One side: an iface (uct_pair's Node without its ep) with kEps eps to the peer's kEps eps.
 struct Side {
@@ -98,7 +75,7 @@ struct Side {
 	// Swaps the device address, every ep address, buffer address and rkey; connects ep k to
 	// the peer's ep k, then waits until every ep can send (the XRC set-up may need the
 	// peer's progress: both sides wait here).
-	ucs_status_t connect(int fd)
+	ucs_status_t connect(Link &link)
 	{
 		const uct_iface_attr_t &a = node.attr;
 		std::vector<uint8_t> mine(a.device_addr_len + kEps * a.ep_addr_len + 16);
@@ -113,7 +90,7 @@ struct Side {
 		memcpy(p, &addr, 8);
 		st = xsrc_uct_md_mkey_pack(node.md, node.memh, p + 8);
 		std::vector<uint8_t> theirs;
-		if (st != UCS_OK || !send_blob(fd, mine) || !recv_blob(fd, theirs) || theirs.size() != mine.size())
+		if (st != UCS_OK || !send_blob(link, mine) || !recv_blob(link, theirs) || theirs.size() != mine.size())
 			return st != UCS_OK ? st : UCS_ERR_IO_ERROR;
 		const uint8_t *q = theirs.data();
 		auto *dev = reinterpret_cast<const uct_device_addr_t *>(q);
@@ -246,70 +223,69 @@ long connected_objects(bool xrc) { return xrc ? 2 * 2 : 0; }
 TEST(XrcScale, EightEpsShareOneQpPairPerIfaceDataArrivesEpDestroyedMidway)
 {
 	// The child: its side of every step, in lock step with the parent over the socket.
-	auto child = [](int fd) -> int {
+	auto child = [](Link &link) -> int {
 		Side s;
 		CHILD_CHECK(s.open() == UCS_OK);
-		CHILD_CHECK(send_u64(fd, 1) && recv_u64(fd) == 2);  // parent counted the opened ifaces
+		CHILD_CHECK(send_u64(link, 1) && recv_u64(link) == 2);  // parent counted the opened ifaces
 		CHILD_CHECK(s.create_eps() == UCS_OK);
-		CHILD_CHECK(send_u64(fd, 3) && recv_u64(fd) == 4);  // parent counted after both created eps
-		CHILD_CHECK(s.connect(fd) == UCS_OK);
-		CHILD_CHECK(send_u64(fd, 5) && recv_u64(fd) == 6);  // counted after connecting
+		CHILD_CHECK(send_u64(link, 3) && recv_u64(link) == 4);  // parent counted after both created eps
+		CHILD_CHECK(s.connect(link) == UCS_OK);
+		CHILD_CHECK(send_u64(link, 5) && recv_u64(link) == 6);  // counted after connecting
 		// Phase 1: every ep, both ways.
 		CHILD_CHECK(s.send_phase(0, 0x40) == UCS_OK);
 		CHILD_CHECK(s.received(kMsgs, kMsgs));
 		CHILD_CHECK(s.bad == 0);
-		CHILD_CHECK(send_u64(fd, 7) && recv_u64(fd) == 8);   // the parent saw phase 1 complete
+		CHILD_CHECK(send_u64(link, 7) && recv_u64(link) == 8);   // the parent saw phase 1 complete
 		CHILD_CHECK(s.slots_hold(0x10, true));
-		CHILD_CHECK(send_u64(fd, 80));
+		CHILD_CHECK(send_u64(link, 80));
 		// The parent destroys its ep kVictim with a put outstanding; this side too.
-		CHILD_CHECK(recv_u64(fd) == 9);
+		CHILD_CHECK(recv_u64(link) == 9);
 		s.destroy(kVictim);
-		CHILD_CHECK(send_u64(fd, 10) && recv_u64(fd) == 11);  // counted with one ep gone
+		CHILD_CHECK(send_u64(link, 10) && recv_u64(link) == 11);  // counted with one ep gone
 		// Phase 2: the other seven.
 		CHILD_CHECK(s.send_phase(kMsgs, 0x60) == UCS_OK);
 		CHILD_CHECK(s.received(2 * kMsgs, kMsgs));
 		CHILD_CHECK(s.bad == 0);
-		CHILD_CHECK(send_u64(fd, 12) && recv_u64(fd) == 13);
+		CHILD_CHECK(send_u64(link, 12) && recv_u64(link) == 13);
 		CHILD_CHECK(s.slots_hold(0x30, false));
 		// Every ep gone: the shared QPs go (the peer's receive QP when it hears of it).
 		s.destroy_all();
-		CHILD_CHECK(send_u64(fd, 14));
+		CHILD_CHECK(send_u64(link, 14));
 		// Progress (the parent's "bye" destroys our receive QP for it) until the parent has
 		// counted the teardown.
-		pollfd pfd{fd, POLLIN, 0};
-		CHILD_CHECK(s.node.wait([&] { return poll(&pfd, 1, 0) == 1; }, 20));
-		CHILD_CHECK(recv_u64(fd) == 15);
+		CHILD_CHECK(s.node.wait([&] { return link.readable(); }, 20));
+		CHILD_CHECK(recv_u64(link) == 15);
 		return 0;
 	};
 
-	auto parent = [](int fd, pid_t) {
+	auto parent = [](Link &link, const Child &) {
 		Side s;
 		ASSERT_EQ(s.open(), UCS_OK);
 		bool xrc = is_xrc(s.node.iface);
-		ASSERT_EQ(recv_u64(fd), 1u);
-		long base = device_objects();
+		ASSERT_EQ(recv_u64(link), 1u);
+		long base = xsrc::harness::device_objects(dev_name());
 		ASSERT_GE(base, 0) << "xsrc status gives no objects= for " << dev_name();
-		ASSERT_TRUE(send_u64(fd, 2));
+		ASSERT_TRUE(send_u64(link, 2));
 		ASSERT_EQ(s.create_eps(), UCS_OK);
-		ASSERT_EQ(recv_u64(fd), 3u);
-		long created = device_objects();
+		ASSERT_EQ(recv_u64(link), 3u);
+		long created = xsrc::harness::device_objects(dev_name());
 		EXPECT_EQ(created - base, created_objects(xrc)) << (xrc ? "XRC" : "RC");
-		ASSERT_TRUE(send_u64(fd, 4));
-		ASSERT_EQ(s.connect(fd), UCS_OK);
-		ASSERT_EQ(recv_u64(fd), 5u);
-		long connected = device_objects();
+		ASSERT_TRUE(send_u64(link, 4));
+		ASSERT_EQ(s.connect(link), UCS_OK);
+		ASSERT_EQ(recv_u64(link), 5u);
+		long connected = xsrc::harness::device_objects(dev_name());
 		EXPECT_EQ(connected - created, connected_objects(xrc)) << (xrc ? "XRC" : "RC");
 		printf("[ scale    ] %s: %u eps per side; device objects: +%ld for the eps, +%ld to connect them\n",
 		       xrc ? "XRC" : "RC", kEps, created - base, connected - created);
-		ASSERT_TRUE(send_u64(fd, 6));
+		ASSERT_TRUE(send_u64(link, 6));
 
 		ASSERT_EQ(s.send_phase(0, 0x10), UCS_OK);
 		ASSERT_TRUE(s.received(kMsgs, kMsgs)) << "AMs missing after phase 1";
 		EXPECT_EQ(s.bad, 0u);
-		ASSERT_EQ(recv_u64(fd), 7u);
-		ASSERT_TRUE(send_u64(fd, 8));
+		ASSERT_EQ(recv_u64(link), 7u);
+		ASSERT_TRUE(send_u64(link, 8));
 		EXPECT_TRUE(s.slots_hold(0x40, true));
-		ASSERT_EQ(recv_u64(fd), 80u);  // the child has checked its slots
+		ASSERT_EQ(recv_u64(link), 80u);  // the child has checked its slots
 
 		// ep kVictim goes with a put still outstanding; the shared QPs stay for the others.
 		std::vector<char> big(kSlot, 0x7f);
@@ -322,31 +298,31 @@ TEST(XrcScale, EightEpsShareOneQpPairPerIfaceDataArrivesEpDestroyedMidway)
 		});
 		EXPECT_TRUE(st == UCS_OK || st == UCS_INPROGRESS) << ucs_status_string(st);
 		s.destroy(kVictim);
-		ASSERT_TRUE(send_u64(fd, 9));
-		ASSERT_EQ(recv_u64(fd), 10u);
-		long after_victim = device_objects();
+		ASSERT_TRUE(send_u64(link, 9));
+		ASSERT_EQ(recv_u64(link), 10u);
+		long after_victim = xsrc::harness::device_objects(dev_name());
 		// RC: the victim's QP and MR on each side are gone; XRC: nothing changed.
 		EXPECT_EQ(connected - after_victim, xrc ? 0 : 2 * 2) << (xrc ? "XRC" : "RC");
-		ASSERT_TRUE(send_u64(fd, 11));
+		ASSERT_TRUE(send_u64(link, 11));
 
 		ASSERT_EQ(s.send_phase(kMsgs, 0x30), UCS_OK);
 		ASSERT_TRUE(s.received(2 * kMsgs, kMsgs)) << "AMs missing after phase 2";
 		EXPECT_EQ(s.bad, 0u);
-		ASSERT_EQ(recv_u64(fd), 12u);
-		ASSERT_TRUE(send_u64(fd, 13));
+		ASSERT_EQ(recv_u64(link), 12u);
+		ASSERT_TRUE(send_u64(link, 13));
 		EXPECT_TRUE(s.slots_hold(0x60, false));
 
 		s.destroy_all();
-		ASSERT_EQ(recv_u64(fd), 14u);
+		ASSERT_EQ(recv_u64(link), 14u);
 		// Every ep of both sides is gone: so are the QPs (the receive QPs when the sides have
 		// heard from each other, in progress).
 		long now = -1;
 		bool back = s.node.wait([&] {
-			now = device_objects();
+			now = xsrc::harness::device_objects(dev_name());
 			return now == base;
 		});
 		EXPECT_TRUE(back) << "objects " << now << ", before the eps " << base;
-		send_u64(fd, 15);
+		send_u64(link, 15);
 	};
 
 	EXPECT_EQ(run_pair(child, parent), 0);
@@ -357,29 +333,28 @@ TEST(XrcScale, EightEpsShareOneQpPairPerIfaceDataArrivesEpDestroyedMidway)
 // every ep on it hears of it through the error handler; on RC that ep alone.
 TEST(XrcScale, SharedQpFailureFailsEveryEpCancellingOneDoesNot)
 {
-	auto child = [](int fd) -> int {
+	auto child = [](Link &link) -> int {
 		Side s;
 		CHILD_CHECK(s.open() == UCS_OK);
 		CHILD_CHECK(s.create_eps() == UCS_OK);
-		CHILD_CHECK(s.connect(fd) == UCS_OK);
-		pollfd pfd{fd, POLLIN, 0};
-		CHILD_CHECK(s.node.wait([&] { return poll(&pfd, 1, 0) == 1; }, 30));
-		CHILD_CHECK(recv_u64(fd) == 1);
+		CHILD_CHECK(s.connect(link) == UCS_OK);
+		CHILD_CHECK(s.node.wait([&] { return link.readable(); }, 30));
+		CHILD_CHECK(recv_u64(link) == 1);
 		while (s.node.progress() > 0) {
 		}  // what the parent flushed before it wrote is in our queue
 		unsigned got = 0;
 		for (unsigned k = 0; k < kEps; ++k)
 			got += s.next[k];
-		CHILD_CHECK(send_u64(fd, got) && send_u64(fd, s.bad));
-		CHILD_CHECK(recv_u64(fd) == 2);
+		CHILD_CHECK(send_u64(link, got) && send_u64(link, s.bad));
+		CHILD_CHECK(recv_u64(link) == 2);
 		return 0;
 	};
-	auto parent = [](int fd, pid_t) {
+	auto parent = [](Link &link, const Child &) {
 		Side s;
 		ASSERT_EQ(s.open(), UCS_OK);
 		bool xrc = is_xrc(s.node.iface);
 		ASSERT_EQ(s.create_eps(), UCS_OK);
-		ASSERT_EQ(s.connect(fd), UCS_OK);
+		ASSERT_EQ(s.connect(link), UCS_OK);
 		auto am = [&](unsigned k, uint32_t seq) {
 			uint8_t payload[16];
 			for (unsigned b = 0; b < 16; ++b)
@@ -422,10 +397,10 @@ TEST(XrcScale, SharedQpFailureFailsEveryEpCancellingOneDoesNot)
 			EXPECT_EQ(st, UCS_OK) << ucs_status_string(st);
 			++sent;
 		}
-		ASSERT_TRUE(send_u64(fd, 1));
-		EXPECT_EQ(recv_u64(fd), sent) << "AMs the child received";
-		EXPECT_EQ(recv_u64(fd), 0u) << "AMs the child found wrong";
-		send_u64(fd, 2);
+		ASSERT_TRUE(send_u64(link, 1));
+		EXPECT_EQ(recv_u64(link), sent) << "AMs the child received";
+		EXPECT_EQ(recv_u64(link), 0u) << "AMs the child found wrong";
+		send_u64(link, 2);
 		s.destroy_all();
 	};
 	EXPECT_EQ(run_pair(child, parent), 0);
@@ -435,41 +410,41 @@ TEST(XrcScale, SharedQpFailureFailsEveryEpCancellingOneDoesNot)
 // socket name is free) and destroyed by progress within about a second. RC has none.
 TEST(XrcScale, ReceiveQpOfADeadPeerIsReaped)
 {
-	auto child = [](int fd) -> int {
+	auto child = [](Link &link) -> int {
 		Side s;
 		CHILD_CHECK(s.open() == UCS_OK);
 		CHILD_CHECK(s.create_eps() == UCS_OK);
-		CHILD_CHECK(s.connect(fd) == UCS_OK);
-		CHILD_CHECK(send_u64(fd, 1));
-		recv_u64(fd);  // until the parent is ready to watch
+		CHILD_CHECK(s.connect(link) == UCS_OK);
+		CHILD_CHECK(send_u64(link, 1));
+		recv_u64(link);  // until the parent is ready to watch
 		kill(getpid(), SIGKILL);
 		return 1;
 	};
-	int rc = run_pair(child, [](int fd, pid_t pid) {
+	int rc = run_pair(child, [](Link &link, const Child &peer) {
 		Side s;
 		ASSERT_EQ(s.open(), UCS_OK);
 		bool xrc = is_xrc(s.node.iface);
 		ASSERT_EQ(s.create_eps(), UCS_OK);
-		ASSERT_EQ(s.connect(fd), UCS_OK);
-		ASSERT_EQ(recv_u64(fd), 1u);
-		ASSERT_TRUE(send_u64(fd, 2));
-		wait_dead(pid);
+		ASSERT_EQ(s.connect(link), UCS_OK);
+		ASSERT_EQ(recv_u64(link), 1u);
+		ASSERT_TRUE(send_u64(link, 2));
+		peer.wait_exited();
 		// The device releases what the child owned; this side does not progress meanwhile.
-		long before = device_objects(), now;
+		long before = xsrc::harness::device_objects(dev_name()), now;
 		for (int k = 0; k < 50; ++k) {
 			usleep(20000);
-			now = device_objects();
+			now = xsrc::harness::device_objects(dev_name());
 			if (now == before && k >= 5)
 				break;
 			before = now;
 		}
 		long expect = before - (xrc ? 1 : 0);
 		auto end = std::chrono::steady_clock::now() + std::chrono::seconds(xrc ? 5 : 2);
-		while (std::chrono::steady_clock::now() < end && (now = device_objects()) != expect)
+		while (std::chrono::steady_clock::now() < end && (now = xsrc::harness::device_objects(dev_name())) != expect)
 			for (int k = 0; k < 1000; ++k)
 				s.node.progress();
 		if (!xrc) {  // nothing to reap: stays as it was after the progress
-			now = device_objects();
+			now = xsrc::harness::device_objects(dev_name());
 		}
 		EXPECT_EQ(now, expect) << (xrc ? "XRC: the dead peer's receive QP stays" : "RC: objects changed");
 		EXPECT_EQ(s.node.errors, 0);  // no traffic: nobody failed

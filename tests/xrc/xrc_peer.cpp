@@ -1,5 +1,5 @@
 // The other process of the XRC tests (the test binary re-exec'd with
-// `--child ROLE FD ARGS...`), in one of two roles:
+// `--child FD ROLE ARGS...`), in one of two roles:
 //   peer DEVICE          serves commands (Msg "cmd=...") over FD: XRC send
 //                        QPs and what they post (ibv_post_send and the
 //                        ibv_wr_* API), and the other side of a shared
@@ -31,7 +31,7 @@ struct PeerState {
 	CqPtr cq;
 	std::vector<uint8_t> buf = std::vector<uint8_t>(kBufBytes);
 	MrPtr mr;
-	std::map<uint64_t, int> files;
+	std::map<uint64_t, xsrc::unique_fd> files;
 	std::map<uint64_t, XrcdPtr> xrcds;    // after files, before the QPs in them
 	std::map<uint64_t, QpPtr> opened;     // XRC receive QPs opened by number
 	std::map<uint64_t, QpPtr> send_qps;
@@ -42,13 +42,12 @@ struct PeerState {
 		send_qps.clear();
 		opened.clear();
 		xrcds.clear();
-		for (auto &[id, fd] : files)
-			close(fd);
+		files.clear();
 	}
 
 	ibv_qp *send_qp(const Msg &m)
 	{
-		auto it = send_qps.find(m.u("id"));
+		auto it = send_qps.find(m.u64("id"));
 		if (it == send_qps.end())
 			fail("no send QP " + m.str("id"));
 		return it->second.get();
@@ -77,7 +76,7 @@ ibv_wr_opcode opcode_of(const std::string &op)
 // Waits for `n` completions of the send CQ and puts them into the reply.
 void collect(PeerState &s, size_t n, Msg &reply)
 {
-	auto wcs = poll_cq(s.cq.get(), n, kCompletionWait);
+	auto wcs = poll_completions(s.cq.get(), n, kCompletionWait);
 	std::string statuses, opcodes, lens, ids;
 	for (auto &wc : wcs) {
 		statuses += std::to_string(wc.status) + ",";
@@ -99,12 +98,12 @@ Msg cmd_send_qp(PeerState &s, const Msg &m)
 	ibv_qp_init_attr_ex a{};
 	a.qp_type = IBV_QPT_XRC_SEND;
 	a.send_cq = s.cq.get();
-	a.cap.max_send_wr = static_cast<uint32_t>(m.u("max_send_wr", 256));
+	a.cap.max_send_wr = static_cast<uint32_t>(m.u64("max_send_wr", 256));
 	a.cap.max_send_sge = 1;
 	a.cap.max_inline_data = 64;
 	a.comp_mask = IBV_QP_INIT_ATTR_PD;
 	a.pd = s.pd.get();
-	if (m.u("wr_api", 0)) {
+	if (m.u64("wr_api", 0)) {
 		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 		a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
 				   IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
@@ -124,32 +123,32 @@ Msg cmd_post(PeerState &s, const Msg &m)
 {
 	ibv_qp *qp = s.send_qp(m);
 	ibv_wr_opcode op = opcode_of(m.str("op"));
-	uint32_t len = static_cast<uint32_t>(m.u("len", 8));
+	uint32_t len = static_cast<uint32_t>(m.u64("len", 8));
 	uint8_t *local = s.buf.data();
 	if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM)
-		fill_payload(local, len, m.u("seq", 0), static_cast<uint32_t>(m.u("srqn")));
+		fill_payload(local, len, m.u64("seq", 0), static_cast<uint32_t>(m.u64("srqn")));
 	else if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM)
 		for (size_t j = 0; j < len; ++j)
-			local[j] = pattern(m.u("seed", 0), j);
+			local[j] = pattern(m.u64("seed", 0), j);
 	else
 		std::memset(local, 0xee, len);
 	ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, s.mr->lkey};
 	ibv_send_wr wr{};
-	wr.wr_id = m.u("wr_id", 1);
+	wr.wr_id = m.u64("wr_id", 1);
 	wr.opcode = op;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	wr.qp_type.xrc.remote_srqn = static_cast<uint32_t>(m.u("srqn"));
-	wr.imm_data = htobe32(static_cast<uint32_t>(m.u("imm", 0)));
+	wr.qp_type.xrc.remote_srqn = static_cast<uint32_t>(m.u64("srqn"));
+	wr.imm_data = htobe32(static_cast<uint32_t>(m.u64("imm", 0)));
 	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
-		wr.wr.atomic.remote_addr = m.u("raddr");
-		wr.wr.atomic.rkey = static_cast<uint32_t>(m.u("rkey"));
-		wr.wr.atomic.compare_add = m.u("compare_add", 0);
-		wr.wr.atomic.swap = m.u("swap", 0);
+		wr.wr.atomic.remote_addr = m.u64("raddr");
+		wr.wr.atomic.rkey = static_cast<uint32_t>(m.u64("rkey"));
+		wr.wr.atomic.compare_add = m.u64("compare_add", 0);
+		wr.wr.atomic.swap = m.u64("swap", 0);
 	} else if (op != IBV_WR_SEND && op != IBV_WR_SEND_WITH_IMM) {
-		wr.wr.rdma.remote_addr = m.u("raddr");
-		wr.wr.rdma.rkey = static_cast<uint32_t>(m.u("rkey"));
+		wr.wr.rdma.remote_addr = m.u64("raddr");
+		wr.wr.rdma.rkey = static_cast<uint32_t>(m.u64("rkey"));
 	}
 	ibv_send_wr *bad = nullptr;
 	Msg reply;
@@ -174,9 +173,9 @@ Msg cmd_send_many(PeerState &s, const Msg &m)
 {
 	ibv_qp *qp = s.send_qp(m);
 	auto targets = split(m.str("targets"), ',');
-	uint32_t len = static_cast<uint32_t>(m.u("len", 64));
-	uint64_t seq0 = m.u("seq0", 0);
-	uint64_t imm_every = m.u("imm_every", 0);
+	uint32_t len = static_cast<uint32_t>(m.u64("len", 64));
+	uint64_t seq0 = m.u64("seq0", 0);
+	uint64_t imm_every = m.u64("imm_every", 0);
 	if (targets.size() * len > kBufBytes)
 		fail("send_many: too much data");
 	size_t posted = 0;
@@ -276,42 +275,38 @@ Msg cmd_wr_batch(PeerState &s, const Msg &m)
 
 Msg cmd_open_xrcd(PeerState &s, const Msg &m)
 {
-	int fd = open(m.str("path").c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	xsrc::unique_fd fd(open(m.str("path").c_str(), O_RDONLY | O_CLOEXEC));
+	if (!fd)
 		fail("open " + m.str("path") + ": " + errno_text(errno));
-	ibv_xrcd *x = open_xrcd_raw(s.ctx.get(), fd, static_cast<int>(m.u("oflags", 0)));
-	if (!x) {
-		int err = errno;
-		close(fd);
-		return Msg().set("errno", err);
-	}
+	ibv_xrcd *x = open_xrcd_raw(s.ctx.get(), fd.get(), static_cast<int>(m.u64("oflags", 0)));
+	if (!x)
+		return Msg().set("errno", errno);
 	uint64_t id = s.next_id++;
-	s.files[id] = fd;
+	s.files[id] = std::move(fd);
 	s.xrcds[id] = XrcdPtr(x);
 	return Msg().set("errno", 0).set("id", id);
 }
 
 Msg cmd_close_xrcd(PeerState &s, const Msg &m)
 {
-	uint64_t id = m.u("id");
+	uint64_t id = m.u64("id");
 	auto it = s.xrcds.find(id);
 	if (it == s.xrcds.end())
 		fail("no xrcd " + m.str("id"));
 	int err = ibv_close_xrcd(it->second.release());
 	s.xrcds.erase(it);
-	close(s.files[id]);
 	s.files.erase(id);
 	return Msg().set("ret", err);
 }
 
 Msg cmd_open_qp(PeerState &s, const Msg &m)
 {
-	auto it = s.xrcds.find(m.u("xrcd"));
+	auto it = s.xrcds.find(m.u64("xrcd"));
 	if (it == s.xrcds.end())
 		fail("no xrcd " + m.str("xrcd"));
 	ibv_qp_open_attr a{};
 	a.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
-	a.qp_num = static_cast<uint32_t>(m.u("qpn"));
+	a.qp_num = static_cast<uint32_t>(m.u64("qpn"));
 	a.xrcd = it->second.get();
 	a.qp_type = IBV_QPT_XRC_RECV;
 	ibv_qp *qp = ibv_open_qp(s.ctx.get(), &a);
@@ -324,7 +319,7 @@ Msg cmd_open_qp(PeerState &s, const Msg &m)
 
 ibv_qp *opened_qp(PeerState &s, const Msg &m)
 {
-	auto it = s.opened.find(m.u("id"));
+	auto it = s.opened.find(m.u64("id"));
 	if (it == s.opened.end())
 		fail("no opened QP " + m.str("id"));
 	return it->second.get();
@@ -346,13 +341,13 @@ Msg cmd_query_qp(PeerState &s, const Msg &m)
 
 Msg cmd_modify_rtr(PeerState &s, const Msg &m)
 {
-	recv_to_rtr(opened_qp(s, m), static_cast<uint32_t>(m.u("dest")));
+	recv_to_rtr(opened_qp(s, m), static_cast<uint32_t>(m.u64("dest")));
 	return Msg().set("ret", 0);
 }
 
 Msg cmd_destroy_qp(PeerState &s, const Msg &m)
 {
-	uint64_t id = m.u("id");
+	uint64_t id = m.u64("id");
 	for (auto *map : {&s.opened, &s.send_qps}) {
 		auto it = map->find(id);
 		if (it == map->end())
@@ -373,7 +368,7 @@ int peer_main(Link &link, const std::vector<std::string> &args)
 	s.mr = reg_mr(s.pd.get(), s.buf.data(), s.buf.size(), IBV_ACCESS_LOCAL_WRITE);
 	link.send(Msg().set("hello", 1).set("pid", static_cast<uint64_t>(getpid())));
 	for (;;) {
-		Msg m = link.recv(600s, "a command");
+		Msg m = link.expect(600s, "a command");
 		const std::string &cmd = m.str("cmd");
 		Msg reply;
 		if (cmd == "exit") {
@@ -382,7 +377,7 @@ int peer_main(Link &link, const std::vector<std::string> &args)
 		} else if (cmd == "send_qp") {
 			reply = cmd_send_qp(s, m);
 		} else if (cmd == "connect") {
-			send_to_rts(s.send_qp(m), static_cast<uint32_t>(m.u("dest")));
+			send_to_rts(s.send_qp(m), static_cast<uint32_t>(m.u64("dest")));
 			reply.set("ret", 0);
 		} else if (cmd == "post") {
 			reply = cmd_post(s, m);
@@ -414,10 +409,10 @@ int peer_main(Link &link, const std::vector<std::string> &args)
 int holder_main(Link &link, const std::vector<std::string> &args)
 {
 	CtxPtr ctx = open_device(args.at(0));
-	int fd = open(args.at(1).c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	xsrc::unique_fd fd(open(args.at(1).c_str(), O_RDONLY | O_CLOEXEC));
+	if (!fd)
 		fail("open " + args.at(1) + ": " + errno_text(errno));
-	XrcdPtr xrcd = open_xrcd(ctx.get(), fd, O_CREAT);
+	XrcdPtr xrcd = open_xrcd(ctx.get(), fd.get(), O_CREAT);
 	PdPtr pd = alloc_pd(ctx.get());
 	CqPtr cq = create_cq(ctx.get());
 	std::vector<uint8_t> buf(4096);
@@ -428,15 +423,14 @@ int holder_main(Link &link, const std::vector<std::string> &args)
 	QpPtr qp = create_xrc_recv_qp(ctx.get(), xrcd.get(), kRemoteAll);
 	link.send(Msg().set("ready", 1).set("qpn", qp->qp_num).set("srqn", srq_num(srq.get())));
 	for (;;)
-		link.recv(600s, "being killed");
+		link.expect(600s, "being killed");
 }
 
 }  // namespace
 
-int child_main(const std::string &role, int fd, const std::vector<std::string> &args)
+int child_main(const std::string &role, Link &link, const std::vector<std::string> &args)
 {
 	alarm(120);  // whatever happens, a child does not outlive a test's time limit
-	Link link(fd);
 	try {
 		if (role == "peer")
 			return peer_main(link, args);

@@ -4,9 +4,11 @@
 #include <string>
 #include <vector>
 
+#include "xrc_util.h"
+
 namespace xrc_test {
 
-// Runs ROLE over the socketpair end FD; returns the exit status.
-int child_main(const std::string &role, int fd, const std::vector<std::string> &args);
+// Runs ROLE over `link`; returns the exit status.
+int child_main(const std::string &role, Link &link, const std::vector<std::string> &args);
 
 }  // namespace xrc_test

@@ -24,20 +24,21 @@ namespace {
 // A file to name an XRC domain by; removed afterwards.
 struct TempFile {
 	std::string path;
-	int fd = -1;
+	xsrc::unique_fd file;
 	TempFile()
 	{
 		char p[] = "/tmp/xrc_test_XXXXXX";
-		fd = mkstemp(p);
-		if (fd < 0)
+		file.reset(mkstemp(p));
+		if (!file)
 			fail("mkstemp: " + errno_text(errno));
 		path = p;
 	}
 	~TempFile()
 	{
-		close(fd);
+		file.reset();
 		unlink(path.c_str());
 	}
+	int fd() const { return file.get(); }
 };
 
 // B: the peer process.
@@ -45,7 +46,7 @@ class Peer {
 public:
 	explicit Peer(const std::string &device = test_device()) : child_("peer", {device})
 	{
-		child_.link().recv(10s, "the peer's hello");
+		child_.link().expect(10s, "the peer's hello");
 	}
 	~Peer()
 	{
@@ -61,7 +62,7 @@ public:
 	std::pair<uint64_t, uint32_t> send_qp(bool wr_api = false)
 	{
 		Msg r = call(Msg().set("cmd", "send_qp").set("wr_api", wr_api ? 1 : 0));
-		return {r.u("id"), static_cast<uint32_t>(r.u("qpn"))};
+		return {r.u64("id"), static_cast<uint32_t>(r.u64("qpn"))};
 	}
 	void connect(uint64_t id, uint32_t dest)
 	{
@@ -94,8 +95,8 @@ std::vector<uint64_t> numbers(const Msg &m, const std::string &key)
 // Every completion of a reply had `status`.
 void expect_all(const Msg &r, size_t n, ibv_wc_status status)
 {
-	EXPECT_EQ(r.u("post_err", 0), 0u);
-	EXPECT_EQ(r.u("completions"), n);
+	EXPECT_EQ(r.u64("post_err", 0), 0u);
+	EXPECT_EQ(r.u64("completions"), n);
 	for (uint64_t s : numbers(r, "statuses"))
 		EXPECT_EQ(s, static_cast<uint64_t>(status)) << ibv_wc_status_str(static_cast<ibv_wc_status>(s));
 }
@@ -114,7 +115,7 @@ struct SrqSlots {
 void expect_messages(const SrqSlots &s, uint32_t qpn, const std::vector<uint64_t> &seqs,
 		     uint64_t first_wr_id, uint32_t len, uint64_t imm_every = 0)
 {
-	auto wcs = poll_cq(s.cq, seqs.size(), 2s);
+	auto wcs = poll_completions(s.cq, seqs.size(), 2s);
 	ASSERT_EQ(wcs.size(), seqs.size()) << "completions on the CQ of SRQ " << s.srqn;
 	for (size_t k = 0; k < wcs.size(); ++k) {
 		const ibv_wc &wc = wcs[k];
@@ -166,7 +167,7 @@ TEST(XrcDomain, SharedByFileAcrossProcesses)
 	TempFile file;
 	CtxPtr ctx = open_device(test_device());
 	PdPtr pd = alloc_pd(ctx.get());
-	XrcdPtr xrcd = open_xrcd(ctx.get(), file.fd, O_CREAT);
+	XrcdPtr xrcd = open_xrcd(ctx.get(), file.fd(), O_CREAT);
 	CqPtr cq = create_cq(ctx.get());
 	std::vector<uint8_t> buf(16 * 256);
 	MrPtr mr = reg_mr(pd.get(), buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
@@ -181,13 +182,13 @@ TEST(XrcDomain, SharedByFileAcrossProcesses)
 	Peer b;
 	// The file's domain exists: B needs no O_CREAT.
 	Msg x = b.call(Msg().set("cmd", "open_xrcd").set("path", file.path).set("oflags", 0));
-	ASSERT_EQ(x.u("errno"), 0u) << "B: ibv_open_xrcd of the file A made the domain of";
-	Msg o = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u("id")).set("qpn", rqpn));
-	ASSERT_EQ(o.u("errno"), 0u) << "B: ibv_open_qp of A's receive QP";
-	EXPECT_EQ(o.u("qpn"), rqpn);
+	ASSERT_EQ(x.u64("errno"), 0u) << "B: ibv_open_xrcd of the file A made the domain of";
+	Msg o = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u64("id")).set("qpn", rqpn));
+	ASSERT_EQ(o.u64("errno"), 0u) << "B: ibv_open_qp of A's receive QP";
+	EXPECT_EQ(o.u64("qpn"), rqpn);
 	auto [sid, sqpn] = b.send_qp();
 	// The receive QP is connected through B's handle; A's handle sees it.
-	b.call(Msg().set("cmd", "modify_rtr").set("id", o.u("id")).set("dest", sqpn));
+	b.call(Msg().set("cmd", "modify_rtr").set("id", o.u64("id")).set("dest", sqpn));
 	uint32_t dest = 0;
 	EXPECT_EQ(query_state(rqp.get(), &dest), IBV_QPS_RTR);
 	EXPECT_EQ(dest, sqpn);
@@ -198,39 +199,39 @@ TEST(XrcDomain, SharedByFileAcrossProcesses)
 
 	// A destroys its handle: B's keeps the receive QP, and traffic flows.
 	ASSERT_EQ(ibv_destroy_qp(rqp.release()), 0);
-	Msg q = b.call(Msg().set("cmd", "query_qp").set("id", o.u("id")));
-	ASSERT_EQ(q.u("ret"), 0u) << "B: ibv_query_qp after A destroyed its handle";
-	EXPECT_EQ(q.u("state"), static_cast<uint64_t>(IBV_QPS_RTR));
-	EXPECT_EQ(q.u("dest_qp_num"), sqpn);
-	EXPECT_EQ(q.u("qp_type"), static_cast<uint64_t>(IBV_QPT_XRC_RECV));
+	Msg q = b.call(Msg().set("cmd", "query_qp").set("id", o.u64("id")));
+	ASSERT_EQ(q.u64("ret"), 0u) << "B: ibv_query_qp after A destroyed its handle";
+	EXPECT_EQ(q.u64("state"), static_cast<uint64_t>(IBV_QPS_RTR));
+	EXPECT_EQ(q.u64("dest_qp_num"), sqpn);
+	EXPECT_EQ(q.u64("qp_type"), static_cast<uint64_t>(IBV_QPT_XRC_RECV));
 	expect_all(b.send(sid, {srqn, srqn}, 4), 2, IBV_WC_SUCCESS);
 	expect_messages(slots, rqpn, {4, 5}, 4, 64);
 
 	// A leaves the domain altogether; the QP still lives in B's handle...
 	ASSERT_EQ(ibv_destroy_srq(srq.release()), 0);
 	ASSERT_EQ(ibv_close_xrcd(xrcd.release()), 0);
-	q = b.call(Msg().set("cmd", "query_qp").set("id", o.u("id")));
-	ASSERT_EQ(q.u("ret"), 0u) << "B: ibv_query_qp after A closed the domain";
-	EXPECT_EQ(q.u("state"), static_cast<uint64_t>(IBV_QPS_RTR));
+	q = b.call(Msg().set("cmd", "query_qp").set("id", o.u64("id")));
+	ASSERT_EQ(q.u64("ret"), 0u) << "B: ibv_query_qp after A closed the domain";
+	EXPECT_EQ(q.u64("state"), static_cast<uint64_t>(IBV_QPS_RTR));
 	// ...but the SRQ its messages named is gone.
 	Msg r = b.send(sid, {srqn}, 6);
-	EXPECT_EQ(r.u("completions"), 1u);
-	EXPECT_EQ(r.u("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
+	EXPECT_EQ(r.u64("completions"), 1u);
+	EXPECT_EQ(r.u64("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
 	EXPECT_EQ(stray_completions(cq.get()), 0u);
 
 	// More handles while one lives; the QP number dies with the last one.
-	Msg o2 = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u("id")).set("qpn", rqpn));
-	ASSERT_EQ(o2.u("errno"), 0u) << "B: a second ibv_open_qp while the QP lives";
-	EXPECT_EQ(b.call(Msg().set("cmd", "destroy_qp").set("id", o.u("id"))).u("ret"), 0u);
-	EXPECT_EQ(b.call(Msg().set("cmd", "query_qp").set("id", o2.u("id"))).u("ret"), 0u);
-	EXPECT_EQ(b.call(Msg().set("cmd", "destroy_qp").set("id", o2.u("id"))).u("ret"), 0u);
-	Msg gone = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u("id")).set("qpn", rqpn));
-	EXPECT_EQ(gone.u("errno"), static_cast<uint64_t>(EINVAL)) << "ibv_open_qp after the last handle";
+	Msg o2 = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u64("id")).set("qpn", rqpn));
+	ASSERT_EQ(o2.u64("errno"), 0u) << "B: a second ibv_open_qp while the QP lives";
+	EXPECT_EQ(b.call(Msg().set("cmd", "destroy_qp").set("id", o.u64("id"))).u64("ret"), 0u);
+	EXPECT_EQ(b.call(Msg().set("cmd", "query_qp").set("id", o2.u64("id"))).u64("ret"), 0u);
+	EXPECT_EQ(b.call(Msg().set("cmd", "destroy_qp").set("id", o2.u64("id"))).u64("ret"), 0u);
+	Msg gone = b.call(Msg().set("cmd", "open_qp").set("xrcd", x.u64("id")).set("qpn", rqpn));
+	EXPECT_EQ(gone.u64("errno"), static_cast<uint64_t>(EINVAL)) << "ibv_open_qp after the last handle";
 
 	// B's handle was the last on the domain: the file has none any more.
-	EXPECT_EQ(b.call(Msg().set("cmd", "close_xrcd").set("id", x.u("id"))).u("ret"), 0u);
+	EXPECT_EQ(b.call(Msg().set("cmd", "close_xrcd").set("id", x.u64("id"))).u64("ret"), 0u);
 	errno = 0;
-	ibv_xrcd *again = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *again = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(again, nullptr) << "the domain outlived its last handle";
 	EXPECT_EQ(errno, EAGAIN);
 	if (again)
@@ -245,7 +246,7 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	TempFile file, other;
 	CtxPtr ctx = open_device(test_device());
 	errno = 0;
-	ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(none, nullptr) << "ibv_open_xrcd without O_CREAT on a file with no domain";
 	EXPECT_EQ(errno, EAGAIN);
 	if (none)
@@ -259,16 +260,16 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	if (badf)
 		ibv_close_xrcd(badf);
 
-	XrcdPtr made = open_xrcd(ctx.get(), file.fd, O_CREAT);
-	XrcdPtr again = open_xrcd(ctx.get(), file.fd, 0);
-	XrcdPtr created_again = open_xrcd(ctx.get(), file.fd, O_CREAT);  // exists: just opens
+	XrcdPtr made = open_xrcd(ctx.get(), file.fd(), O_CREAT);
+	XrcdPtr again = open_xrcd(ctx.get(), file.fd(), 0);
+	XrcdPtr created_again = open_xrcd(ctx.get(), file.fd(), O_CREAT);  // exists: just opens
 	errno = 0;
-	ibv_xrcd *excl = open_xrcd_raw(ctx.get(), file.fd, O_CREAT | O_EXCL);
+	ibv_xrcd *excl = open_xrcd_raw(ctx.get(), file.fd(), O_CREAT | O_EXCL);
 	EXPECT_EQ(excl, nullptr) << "O_EXCL on a file that has a domain";
 	EXPECT_EQ(errno, EINVAL);
 	if (excl)
 		ibv_close_xrcd(excl);
-	XrcdPtr foreign = open_xrcd(ctx.get(), other.fd, O_CREAT);
+	XrcdPtr foreign = open_xrcd(ctx.get(), other.fd(), O_CREAT);
 
 	// One domain: a receive QP made through one handle opens through another
 	// of the same file, not through the other file's.
@@ -285,10 +286,10 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	{
 		Peer b;
 		Msg x = b.call(Msg().set("cmd", "open_xrcd").set("path", file.path).set("oflags", 0));
-		EXPECT_EQ(x.u("errno"), 0u);
+		EXPECT_EQ(x.u64("errno"), 0u);
 		TempFile fresh;
 		Msg y = b.call(Msg().set("cmd", "open_xrcd").set("path", fresh.path).set("oflags", 0));
-		EXPECT_EQ(y.u("errno"), static_cast<uint64_t>(EAGAIN));
+		EXPECT_EQ(y.u64("errno"), static_cast<uint64_t>(EAGAIN));
 	}
 
 	// Closing a handle in use is refused; all handles closed, the domain is gone.
@@ -299,7 +300,7 @@ TEST(XrcDomain, OpenNeedsCreateOrExistingDomain)
 	again.reset();
 	created_again.reset();
 	errno = 0;
-	ibv_xrcd *after = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *after = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(after, nullptr) << "the domain outlived its handles";
 	EXPECT_EQ(errno, EAGAIN);
 	if (after)
@@ -366,22 +367,22 @@ TEST(XrcDomainInode, ReusedInodeNumberIsNotTheOldDomain)
 {
 	CtxPtr ctx = open_device(test_device());
 	char p1[] = "/tmp/xrc_test_XXXXXX";
-	int fd1 = mkstemp(p1);
-	ASSERT_GE(fd1, 0);
+	xsrc::unique_fd fd1(mkstemp(p1));
+	ASSERT_GE(fd1.get(), 0);
 	struct stat st1;
-	ASSERT_EQ(fstat(fd1, &st1), 0);
-	XrcdPtr old_domain = open_xrcd(ctx.get(), fd1, O_CREAT);
+	ASSERT_EQ(fstat(fd1.get(), &st1), 0);
+	XrcdPtr old_domain = open_xrcd(ctx.get(), fd1.get(), O_CREAT);
 	QpPtr rqp = create_xrc_recv_qp(ctx.get(), old_domain.get(), 0);
-	close(fd1);
+	fd1.reset();
 	unlink(p1);
 
 	TempFile f2;
 	struct stat st2;
-	ASSERT_EQ(fstat(f2.fd, &st2), 0);
+	ASSERT_EQ(fstat(f2.fd(), &st2), 0);
 	if (st1.st_dev != st2.st_dev || st1.st_ino != st2.st_ino)
 		GTEST_SKIP() << "the file system did not reuse the inode number";
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(ctx.get(), f2.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(ctx.get(), f2.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "a new file with a reused inode number opened a live domain of another file";
 	EXPECT_EQ(errno, EAGAIN);
 	if (x) {
@@ -483,13 +484,13 @@ TEST(XrcRdma, WriteReadAtomicsToSrqOwnerMemory)
 		return Msg().set("cmd", "post").set("id", sid).set("op", op).set("srqn", srqn).set("rkey", mr->rkey);
 	};
 	auto expect_done = [](const Msg &r, ibv_wc_opcode opcode, uint32_t len) {
-		ASSERT_EQ(r.u("post_err"), 0u);
-		ASSERT_EQ(r.u("completions"), 1u);
-		EXPECT_EQ(r.u("status"), static_cast<uint64_t>(IBV_WC_SUCCESS))
-			<< ibv_wc_status_str(static_cast<ibv_wc_status>(r.u("status")));
-		EXPECT_EQ(r.u("opcode"), static_cast<uint64_t>(opcode));
+		ASSERT_EQ(r.u64("post_err"), 0u);
+		ASSERT_EQ(r.u64("completions"), 1u);
+		EXPECT_EQ(r.u64("status"), static_cast<uint64_t>(IBV_WC_SUCCESS))
+			<< ibv_wc_status_str(static_cast<ibv_wc_status>(r.u64("status")));
+		EXPECT_EQ(r.u64("opcode"), static_cast<uint64_t>(opcode));
 		if (opcode != IBV_WC_RDMA_WRITE) {  // byte_len is undefined for writes
-			EXPECT_EQ(r.u("byte_len"), len);
+			EXPECT_EQ(r.u64("byte_len"), len);
 		}
 	};
 
@@ -510,19 +511,19 @@ TEST(XrcRdma, WriteReadAtomicsToSrqOwnerMemory)
 	*counter = 100;
 	Msg fa = b.call(post("fadd").set("raddr", base + 8192).set("compare_add", 5));
 	expect_done(fa, IBV_WC_FETCH_ADD, 8);
-	EXPECT_EQ(fa.u("result"), 100u);
+	EXPECT_EQ(fa.u64("result"), 100u);
 	EXPECT_EQ(*counter, 105u);
 	fa = b.call(post("fadd").set("raddr", base + 8192).set("compare_add", 10));
 	expect_done(fa, IBV_WC_FETCH_ADD, 8);
-	EXPECT_EQ(fa.u("result"), 105u);
+	EXPECT_EQ(fa.u64("result"), 105u);
 	EXPECT_EQ(*counter, 115u);
 	Msg cs = b.call(post("cswap").set("raddr", base + 8192).set("compare_add", 105).set("swap", 7));
 	expect_done(cs, IBV_WC_COMP_SWAP, 8);
-	EXPECT_EQ(cs.u("result"), 115u);
+	EXPECT_EQ(cs.u64("result"), 115u);
 	EXPECT_EQ(*counter, 115u) << "a compare that misses swaps nothing";
 	cs = b.call(post("cswap").set("raddr", base + 8192).set("compare_add", 115).set("swap", 7));
 	expect_done(cs, IBV_WC_COMP_SWAP, 8);
-	EXPECT_EQ(cs.u("result"), 115u);
+	EXPECT_EQ(cs.u64("result"), 115u);
 	EXPECT_EQ(*counter, 7u);
 
 	// None of that consumed a receive.
@@ -533,7 +534,7 @@ TEST(XrcRdma, WriteReadAtomicsToSrqOwnerMemory)
 	expect_done(wi, IBV_WC_RDMA_WRITE, 64);
 	for (size_t j = 0; j < 64; ++j)
 		ASSERT_EQ(region[12288 + j], pattern(3, j)) << "byte " << j;
-	auto wcs = poll_cq(cq.get(), 1, 2s);
+	auto wcs = poll_completions(cq.get(), 1, 2s);
 	ASSERT_EQ(wcs.size(), 1u);
 	EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
 	EXPECT_EQ(wcs[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
@@ -545,9 +546,9 @@ TEST(XrcRdma, WriteReadAtomicsToSrqOwnerMemory)
 	// An rkey of a PD that is not the SRQ's: remote access error, nothing written.
 	Msg bad = b.call(post("write").set("len", 64).set("raddr", reinterpret_cast<uintptr_t>(other_region))
 				 .set("rkey", other_mr->rkey).set("seed", 1));
-	ASSERT_EQ(bad.u("completions"), 1u);
-	EXPECT_EQ(bad.u("status"), static_cast<uint64_t>(IBV_WC_REM_ACCESS_ERR))
-		<< ibv_wc_status_str(static_cast<ibv_wc_status>(bad.u("status")));
+	ASSERT_EQ(bad.u64("completions"), 1u);
+	EXPECT_EQ(bad.u64("status"), static_cast<uint64_t>(IBV_WC_REM_ACCESS_ERR))
+		<< ibv_wc_status_str(static_cast<ibv_wc_status>(bad.u64("status")));
 	for (size_t j = 0; j < sizeof(other_region); ++j)
 		ASSERT_EQ(other_region[j], 0x5a) << "byte " << j;
 	EXPECT_EQ(stray_completions(cq.get()), 0u);
@@ -572,8 +573,8 @@ TEST(XrcErrors, BadSrqNumbers)
 	TempFile f1, f2;
 	CtxPtr ctx = open_device(test_device());
 	PdPtr pd = alloc_pd(ctx.get());
-	XrcdPtr xrcd1 = open_xrcd(ctx.get(), f1.fd, O_CREAT);
-	XrcdPtr xrcd2 = open_xrcd(ctx.get(), f2.fd, O_CREAT);
+	XrcdPtr xrcd1 = open_xrcd(ctx.get(), f1.fd(), O_CREAT);
+	XrcdPtr xrcd2 = open_xrcd(ctx.get(), f2.fd(), O_CREAT);
 	CqPtr cq1 = create_cq(ctx.get());
 	CqPtr cq2 = create_cq(ctx.get());
 	std::vector<uint8_t> buf(2 * 8 * 128);
@@ -626,7 +627,7 @@ TEST(XrcErrors, BadSrqNumbers)
 		auto [sid, rqpn] = pair(xrcd1.get());
 		// The bad message, then a good one behind it: flushed, not delivered.
 		Msg r = b.send(sid, {srqn, s1.srqn}, 100);
-		ASSERT_EQ(r.u("completions"), 2u);
+		ASSERT_EQ(r.u64("completions"), 2u);
 		auto st = numbers(r, "statuses");
 		EXPECT_EQ(st[0], static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR))
 			<< ibv_wc_status_str(static_cast<ibv_wc_status>(st[0]));
@@ -648,7 +649,7 @@ TEST(XrcErrors, BadSrqNumbers)
 	auto [x2, xq2] = pair(xrcd2.get());
 	(void)xq2;
 	Msg cross = b.send(x2, {s1.srqn}, 20);
-	EXPECT_EQ(cross.u("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
+	EXPECT_EQ(cross.u64("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
 	EXPECT_EQ(stray_completions(cq1.get()), 0u);
 	EXPECT_EQ(stray_completions(cq2.get()), 0u);
 	rqps.clear();
@@ -677,7 +678,7 @@ TEST(XrcCleanup, LastOpenerKilled)
 	TempFile file;
 
 	Child holder("holder", {dev.name(), file.path});
-	Msg ready = holder.link().recv(10s, "the holder's objects");
+	Msg ready = holder.link().expect(10s, "the holder's objects");
 	auto during = dev.status();
 	ASSERT_TRUE(during);
 	EXPECT_EQ(during->contexts, base->contexts + 1);
@@ -685,8 +686,8 @@ TEST(XrcCleanup, LastOpenerKilled)
 	{
 		// The domain is there: it opens without O_CREAT, and so does its QP.
 		CtxPtr ctx = open_device(dev.name());
-		XrcdPtr x = open_xrcd(ctx.get(), file.fd, 0);
-		QpPtr qp(open_recv_qp(ctx.get(), x.get(), static_cast<uint32_t>(ready.u("qpn"))));
+		XrcdPtr x = open_xrcd(ctx.get(), file.fd(), 0);
+		QpPtr qp(open_recv_qp(ctx.get(), x.get(), static_cast<uint32_t>(ready.u64("qpn"))));
 		EXPECT_NE(qp, nullptr) << errno_text(errno);
 	}
 	EXPECT_TRUE(xsrc_test::wait_until(5s, [&] { return status_is(dev, during->contexts, during->objects); }));
@@ -697,15 +698,15 @@ TEST(XrcCleanup, LastOpenerKilled)
 
 	CtxPtr ctx = open_device(dev.name());
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(ctx.get(), file.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(ctx.get(), file.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "the domain outlived its only opener";
 	EXPECT_EQ(errno, EAGAIN);
 	if (x)
 		ibv_close_xrcd(x);
 	// A new domain of the file does not have the dead one's receive QP.
-	XrcdPtr fresh = open_xrcd(ctx.get(), file.fd, O_CREAT);
+	XrcdPtr fresh = open_xrcd(ctx.get(), file.fd(), O_CREAT);
 	errno = 0;
-	QpPtr old(open_recv_qp(ctx.get(), fresh.get(), static_cast<uint32_t>(ready.u("qpn"))));
+	QpPtr old(open_recv_qp(ctx.get(), fresh.get(), static_cast<uint32_t>(ready.u64("qpn"))));
 	EXPECT_EQ(old, nullptr);
 	EXPECT_EQ(errno, EINVAL);
 }
@@ -722,9 +723,9 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 	{
 		CtxPtr ctx = open_device(dev.name());
 		Child holder("holder", {dev.name(), file.path});
-		Msg ready = holder.link().recv(10s, "the holder's objects");
-		const uint32_t qpn = static_cast<uint32_t>(ready.u("qpn"));
-		XrcdPtr x = open_xrcd(ctx.get(), file.fd, 0);
+		Msg ready = holder.link().expect(10s, "the holder's objects");
+		const uint32_t qpn = static_cast<uint32_t>(ready.u64("qpn"));
+		XrcdPtr x = open_xrcd(ctx.get(), file.fd(), 0);
 		QpPtr qp(open_recv_qp(ctx.get(), x.get(), qpn));
 		ASSERT_NE(qp, nullptr) << errno_text(errno);
 
@@ -753,12 +754,12 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 			b.connect(sid, qpn);
 			expect_all(b.send(sid, {slots.srqn, slots.srqn, slots.srqn}, 0), 3, IBV_WC_SUCCESS);
 			expect_messages(slots, qpn, {0, 1, 2}, 0, 64);
-			Msg dead = b.send(sid, {static_cast<uint32_t>(ready.u("srqn"))}, 3);
-			EXPECT_EQ(dead.u("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
+			Msg dead = b.send(sid, {static_cast<uint32_t>(ready.u64("srqn"))}, 3);
+			EXPECT_EQ(dead.u64("status", 0), static_cast<uint64_t>(IBV_WC_REM_INV_REQ_ERR));
 			EXPECT_EQ(stray_completions(cq.get()), 0u);
 		}
 
-		XrcdPtr second = open_xrcd(ctx.get(), file.fd, 0);  // the domain is still there
+		XrcdPtr second = open_xrcd(ctx.get(), file.fd(), 0);  // the domain is still there
 		QpPtr qp2(open_recv_qp(ctx.get(), second.get(), qpn));
 		EXPECT_NE(qp2, nullptr) << errno_text(errno);
 		qp2.reset();
@@ -768,7 +769,7 @@ TEST(XrcCleanup, KilledCreatorOfSharedDomain)
 		qp.reset();
 		x.reset();
 		errno = 0;
-		ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd, 0);
+		ibv_xrcd *none = open_xrcd_raw(ctx.get(), file.fd(), 0);
 		EXPECT_EQ(none, nullptr);
 		EXPECT_EQ(errno, EAGAIN);
 		if (none)
@@ -787,14 +788,14 @@ TEST(XrcDevices, DomainsArePerDevice)
 	TempFile file;
 	CtxPtr main_ctx = open_device(test_device());
 	CtxPtr other_ctx = open_device(dev.name());
-	XrcdPtr on_main = open_xrcd(main_ctx.get(), file.fd, O_CREAT);
+	XrcdPtr on_main = open_xrcd(main_ctx.get(), file.fd(), O_CREAT);
 	errno = 0;
-	ibv_xrcd *x = open_xrcd_raw(other_ctx.get(), file.fd, 0);
+	ibv_xrcd *x = open_xrcd_raw(other_ctx.get(), file.fd(), 0);
 	EXPECT_EQ(x, nullptr) << "the domain of " << test_device() << " opened on " << dev.name();
 	EXPECT_EQ(errno, EAGAIN);
 	if (x)
 		ibv_close_xrcd(x);
-	XrcdPtr on_other = open_xrcd(other_ctx.get(), file.fd, O_CREAT | O_EXCL);  // a new one there
+	XrcdPtr on_other = open_xrcd(other_ctx.get(), file.fd(), O_CREAT | O_EXCL);  // a new one there
 }
 
 // ---- events ---------------------------------------------------------------------------
@@ -867,9 +868,9 @@ TEST(XrcEvents, SrqCompletionAndLimitEventsFromAnotherProcess)
 
 	// The SRQ is empty: the sender retries and gives up.
 	Msg rnr = b.send(sid, {slots.srqn}, 4);
-	EXPECT_EQ(rnr.u("completions"), 1u);
-	EXPECT_EQ(rnr.u("status", 0), static_cast<uint64_t>(IBV_WC_RNR_RETRY_EXC_ERR))
-		<< ibv_wc_status_str(static_cast<ibv_wc_status>(rnr.u("status", 0)));
+	EXPECT_EQ(rnr.u64("completions"), 1u);
+	EXPECT_EQ(rnr.u64("status", 0), static_cast<uint64_t>(IBV_WC_RNR_RETRY_EXC_ERR))
+		<< ibv_wc_status_str(static_cast<ibv_wc_status>(rnr.u64("status", 0)));
 	EXPECT_EQ(stray_completions(cq.get()), 0u);
 	ibv_ack_cq_events(cq.get(), cq_events);
 }
@@ -919,7 +920,7 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 		"write," + n(s1.srqn) + ",256," + n(base) + "," + n(rmr->rkey) + ",11;" +
 		"fadd," + n(s0.srqn) + "," + n(base + 4096) + "," + n(rmr->rkey) + ",3";
 	Msg r = b.call(Msg().set("cmd", "wr_batch").set("id", sid).set("items", items));
-	ASSERT_EQ(r.u("complete_err"), 0u) << "ibv_wr_complete";
+	ASSERT_EQ(r.u64("complete_err"), 0u) << "ibv_wr_complete";
 	expect_all(r, 7, IBV_WC_SUCCESS);
 	auto ids = numbers(r, "wr_ids");
 	auto opcodes = numbers(r, "opcodes");
@@ -935,7 +936,7 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 		ASSERT_EQ(region[j], pattern(11, j)) << "written byte " << j;
 
 	// SRQ 0: messages 0 (64 B), 3 (100 B), 4 (64 B, imm 68).
-	auto w0 = poll_cq(cq0.get(), 3, 2s);
+	auto w0 = poll_completions(cq0.get(), 3, 2s);
 	ASSERT_EQ(w0.size(), 3u);
 	const uint64_t seq0[] = {0, 3, 4};
 	const uint32_t len0[] = {64, 100, 64};
@@ -949,7 +950,7 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 	EXPECT_TRUE(w0[2].wc_flags & IBV_WC_WITH_IMM);
 	EXPECT_EQ(be32toh(w0[2].imm_data), 68u);
 	// SRQ 1: messages 1 (imm 2748) and 2 (inline, 48 B).
-	auto w1 = poll_cq(cq1.get(), 2, 2s);
+	auto w1 = poll_completions(cq1.get(), 2, 2s);
 	ASSERT_EQ(w1.size(), 2u);
 	EXPECT_EQ(w1[0].wr_id, 0u);
 	EXPECT_TRUE(w1[0].wc_flags & IBV_WC_WITH_IMM);
@@ -966,9 +967,13 @@ TEST(XrcWrApi, BatchWithSetXrcSrqn)
 
 int main(int argc, char **argv)
 {
-	if (argc >= 4 && std::string(argv[1]) == "--child")
-		return xrc_test::child_main(argv[2], atoi(argv[3]),
-					    std::vector<std::string>(argv + 4, argv + argc));
+	if (auto child = xsrc::harness::child_args(argc, argv, "--child")) {
+		if (child->args.empty())
+			return 2;
+		std::string role = child->args.front();
+		child->args.erase(child->args.begin());
+		return xrc_test::child_main(role, child->link, child->args);
+	}
 	testing::InitGoogleTest(&argc, argv);
 	return RUN_ALL_TESTS();
 }

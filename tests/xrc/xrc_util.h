@@ -1,14 +1,11 @@
 // Helpers of the XRC tests: a second process to talk to (the test binary
-// re-exec'd, spoken to over a SOCK_SEQPACKET socketpair with bounded waits),
+// re-exec'd, spoken to over the harness link (a socketpair) with bounded waits),
 // owning wrappers for verbs objects, and the steps that bring XRC QPs up.
 #pragma once
 
 #include <infiniband/verbs.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +19,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "device_test_util.h"
+#include "harness/child.h"
+#include "harness/completions.h"
+#include "harness/qp_connect.h"
 
 namespace xrc_test {
 
@@ -38,188 +40,45 @@ inline std::string errno_text(int err)
 	return std::to_string(err) + " (" + strerror(err) + ")";
 }
 
-// --- messages ----------------------------------------------------------------
+// --- the other process -------------------------------------------------------
 
-// "key=value" lines. Values are text; numbers are decimal.
-class Msg {
+using xsrc::harness::Link;
+using xsrc::harness::Msg;
+
+// The test binary re-exec'd as `--child FD ROLE ARGS...` (see harness/child.h).
+class Child : public xsrc::harness::Child {
 public:
-	Msg() = default;
-	Msg &set(const std::string &k, uint64_t v) { return set(k, std::to_string(v)); }
-	Msg &set(const std::string &k, int v) { return set(k, std::to_string(v)); }
-	Msg &set(const std::string &k, unsigned v) { return set(k, std::to_string(v)); }
-	Msg &set(const std::string &k, const std::string &v)
+	Child(const std::string &role, std::vector<std::string> args = {})
+		: xsrc::harness::Child(spawn("--child", prepend(role, std::move(args))))
 	{
-		f_[k] = v;
-		return *this;
 	}
-	Msg &set(const std::string &k, const char *v) { return set(k, std::string(v)); }
-	bool has(const std::string &k) const { return f_.count(k) != 0; }
-	const std::string &str(const std::string &k) const
-	{
-		auto it = f_.find(k);
-		if (it == f_.end())
-			fail("message has no field '" + k + "': " + encode());
-		return it->second;
-	}
-	uint64_t u(const std::string &k) const { return std::stoull(str(k), nullptr, 0); }
-	uint64_t u(const std::string &k, uint64_t fallback) const { return has(k) ? u(k) : fallback; }
-	std::string encode() const
-	{
-		std::string out;
-		for (auto &[k, v] : f_)
-			out += k + "=" + v + "\n";
-		return out;
-	}
-	static Msg decode(const std::string &text)
-	{
-		Msg m;
-		std::istringstream in(text);
-		for (std::string line; std::getline(in, line);) {
-			auto eq = line.find('=');
-			if (eq != std::string::npos)
-				m.f_[line.substr(0, eq)] = line.substr(eq + 1);
-		}
-		return m;
-	}
-
-private:
-	std::map<std::string, std::string> f_;
-};
-
-// One end of the socketpair. recv() waits at most `timeout`; an "error"
-// field from the other side becomes an exception here.
-class Link {
-public:
-	explicit Link(int fd = -1) : fd_(fd) {}
-	~Link()
-	{
-		if (fd_ >= 0)
-			close(fd_);
-	}
-	Link(const Link &) = delete;
-	Link &operator=(const Link &) = delete;
-	Link(Link &&o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-	Link &operator=(Link &&o) noexcept
-	{
-		if (this != &o) {
-			if (fd_ >= 0)
-				close(fd_);
-			fd_ = o.fd_;
-			o.fd_ = -1;
-		}
-		return *this;
-	}
-
-	void send(const Msg &m)
-	{
-		std::string text = m.encode();
-		if (::send(fd_, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size()))
-			fail("send to the other process failed: " + errno_text(errno));
-	}
-	Msg recv(ms timeout, const std::string &what)
-	{
-		pollfd p{fd_, POLLIN, 0};
-		int n;
-		do
-			n = poll(&p, 1, static_cast<int>(timeout.count()));
-		while (n < 0 && errno == EINTR);
-		if (n == 0)
-			fail("timed out (" + std::to_string(timeout.count()) + " ms) waiting for " + what);
-		std::vector<char> buf(1 << 20);
-		ssize_t len = ::recv(fd_, buf.data(), buf.size(), 0);
-		if (len <= 0)
-			fail("the other process went away while waiting for " + what);
-		Msg m = Msg::decode(std::string(buf.data(), static_cast<size_t>(len)));
-		if (m.has("error"))
-			fail("other process: " + m.str("error"));
-		return m;
-	}
-	int fd() const { return fd_; }
-
-private:
-	int fd_;
-};
-
-// The test binary re-exec'd as `--child ROLE FD ARGS...`. The child dies
-// with the parent (PR_SET_PDEATHSIG) and is killed by the destructor.
-class Child {
-public:
-	Child(const std::string &role, const std::vector<std::string> &args = {})
-	{
-		int sv[2];
-		if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
-			fail("socketpair: " + errno_text(errno));
-		pid_t parent = getpid();
-		pid_ = fork();
-		if (pid_ < 0)
-			fail("fork: " + errno_text(errno));
-		if (pid_ == 0) {
-			prctl(PR_SET_PDEATHSIG, SIGKILL);
-			if (getppid() != parent)
-				_exit(1);
-			close(sv[0]);
-			fcntl(sv[1], F_SETFD, 0);
-			std::vector<std::string> argv_s{"xrc_test", "--child", role, std::to_string(sv[1])};
-			argv_s.insert(argv_s.end(), args.begin(), args.end());
-			std::vector<char *> argv;
-			for (auto &s : argv_s)
-				argv.push_back(s.data());
-			argv.push_back(nullptr);
-			execv("/proc/self/exe", argv.data());
-			_exit(127);
-		}
-		close(sv[1]);
-		link_ = Link(sv[0]);
-	}
-	~Child() { kill(); }
-	Child(const Child &) = delete;
-	Child &operator=(const Child &) = delete;
-
-	Link &link() { return link_; }
-	pid_t pid() const { return pid_; }
 
 	// A command and its reply.
 	Msg call(const Msg &m, ms timeout = 10s)
 	{
-		link_.send(m);
-		return link_.recv(timeout, "the reply to '" + m.str("cmd") + "'");
+		link().send(m);
+		return link().expect(timeout, "the reply to '" + m.str("cmd") + "'");
 	}
 
-	// SIGKILL and reap.
-	void kill()
-	{
-		if (pid_ <= 0)
-			return;
-		::kill(pid_, SIGKILL);
-		int st;
-		while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-		}
-		pid_ = -1;
-	}
 	// Waits for a clean exit; false (and killed) if it does not come in time.
 	bool wait_exit(ms timeout, int *status = nullptr)
 	{
-		auto deadline = std::chrono::steady_clock::now() + timeout;
-		while (pid_ > 0) {
-			int st;
-			pid_t r = waitpid(pid_, &st, WNOHANG);
-			if (r == pid_) {
-				pid_ = -1;
-				if (status)
-					*status = st;
-				return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-			}
-			if (std::chrono::steady_clock::now() >= deadline)
-				break;
-			std::this_thread::sleep_for(10ms);
+		auto st = wait(timeout);
+		if (!st) {
+			kill();
+			return false;
 		}
-		kill();
-		return false;
+		if (status)
+			*status = *st;
+		return WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
 	}
 
 private:
-	pid_t pid_ = -1;
-	Link link_;
+	static std::vector<std::string> prepend(const std::string &role, std::vector<std::string> args)
+	{
+		args.insert(args.begin(), role);
+		return args;
+	}
 };
 
 // --- verbs objects -------------------------------------------------------------
@@ -242,31 +101,15 @@ using QpPtr = std::unique_ptr<ibv_qp, Destroy<ibv_destroy_qp>>;
 inline int close_xrcd(ibv_xrcd *x) { return ibv_close_xrcd(x); }
 using XrcdPtr = std::unique_ptr<ibv_xrcd, Destroy<close_xrcd>>;
 
-inline std::string test_device()
-{
-	const char *v = getenv("XSRC_TEST_DEVICE");
-	return v && *v ? v : "xsrc0";
-}
+using xsrc_test::test_device;
 
 constexpr int kGidIndex = 1;  // the port's first IPv4-mapped RoCE v2 GID
 
 inline CtxPtr open_device(const std::string &name)
 {
-	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
-	if (!list)
-		fail("ibv_get_device_list: " + errno_text(errno));
-	ibv_context *ctx = nullptr;
-	int err = ENODEV;
-	for (int i = 0; i < n; ++i)
-		if (name == ibv_get_device_name(list[i])) {
-			ctx = ibv_open_device(list[i]);
-			err = errno;
-			break;
-		}
-	ibv_free_device_list(list);
+	ibv_context *ctx = xsrc_test::open_device(name);
 	if (!ctx)
-		fail("cannot open " + name + ": " + errno_text(err));
+		fail("cannot open " + name + ": " + errno_text(errno));
 	return CtxPtr(ctx);
 }
 
@@ -338,73 +181,53 @@ inline uint32_t srq_num(ibv_srq *srq)
 	return n;
 }
 
-inline void modify(ibv_qp *qp, ibv_qp_attr &a, int mask, const char *what)
+// The XRC tests' connection attributes: loopback on the test device, a short retry budget.
+inline xsrc::harness::QpConnectAttrs xrc_attrs(unsigned access = 0)
 {
-	if (int err = ibv_modify_qp(qp, &a, mask))
-		fail(std::string("ibv_modify_qp(") + what + "): " + errno_text(err));
+	xsrc::harness::QpConnectAttrs a;
+	a.access = access;
+	a.sgid_index = kGidIndex;
+	a.hop_limit = 64;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 1;  // 10 us: an empty SRQ fails the sender quickly
+	a.timeout = 10;       // ~4 ms per try
+	a.retry_cnt = 2;
+	a.rnr_retry = 2;
+	a.max_rd_atomic = 4;
+	return a;
+}
+
+inline void check_step(xsrc::harness::QpStep s)
+{
+	if (s)
+		fail("ibv_modify_qp(" + std::string(s.step) + "): " + errno_text(s.err));
 }
 
 inline void to_init(ibv_qp *qp, unsigned access)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = 0;
-	a.port_num = 1;
-	a.qp_access_flags = access;
-	modify(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
+	check_step(xsrc::harness::qp_to_init(qp, xrc_attrs(access)));
 }
 
-inline ibv_ah_attr loopback_ah(ibv_context *ctx)
+// QP `dest` on this device's own GID.
+inline xsrc::harness::QpRemote loopback(ibv_qp *qp, uint32_t dest)
 {
-	ibv_ah_attr ah{};
-	ah.is_global = 1;
-	ah.port_num = 1;
-	ah.grh.sgid_index = kGidIndex;
-	ah.grh.hop_limit = 64;
-	if (ibv_query_gid(ctx, 1, kGidIndex, &ah.grh.dgid))
+	xsrc::harness::QpRemote r{dest, {}};
+	if (ibv_query_gid(qp->context, 1, kGidIndex, &r.gid))
 		fail("ibv_query_gid: " + errno_text(errno));
-	return ah;
+	return r;
 }
 
 // The receive side (XRC receive QP) to RTR, talking to send QP `dest`.
 inline void recv_to_rtr(ibv_qp *qp, uint32_t dest)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 1;  // 10 us: an empty SRQ fails the sender quickly
-	a.ah_attr = loopback_ah(qp->context);
-	modify(qp, a,
-	       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-		       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-	       "RTR");
+	check_step(xsrc::harness::qp_to_rtr(qp, loopback(qp, dest), xrc_attrs()));
 }
 
 // The send side (XRC send QP) to RTR and RTS, talking to receive QP `dest`.
 inline void send_to_rts(ibv_qp *qp, uint32_t dest)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.rq_psn = 0;
-	a.ah_attr = loopback_ah(qp->context);
-	modify(qp, a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
-	       "RTR");
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 10;  // ~4 ms per try
-	a.retry_cnt = 2;
-	a.rnr_retry = 2;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 4;
-	modify(qp, a,
-	       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-		       IBV_QP_MAX_QP_RD_ATOMIC,
-	       "RTS");
+	check_step(xsrc::harness::qp_to_rtr(qp, loopback(qp, dest), xrc_attrs()));
+	check_step(xsrc::harness::qp_to_rts(qp, xrc_attrs()));
 }
 
 inline QpPtr create_xrc_recv_qp(ibv_context *ctx, ibv_xrcd *xrcd, unsigned access)
@@ -421,32 +244,14 @@ inline QpPtr create_xrc_recv_qp(ibv_context *ctx, ibv_xrcd *xrcd, unsigned acces
 	return owned;
 }
 
-constexpr unsigned kRemoteAll = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+constexpr unsigned kRemoteAll = xsrc::harness::kRemoteAccessAll;
 
-// Polls until `n` completions came or `timeout` passed; returns what came.
-inline std::vector<ibv_wc> poll_cq(ibv_cq *cq, size_t n, ms timeout)
-{
-	std::vector<ibv_wc> out;
-	auto deadline = std::chrono::steady_clock::now() + timeout;
-	while (out.size() < n) {
-		ibv_wc wc[16];
-		int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
-		if (got < 0)
-			fail("ibv_poll_cq: " + std::to_string(got));
-		out.insert(out.end(), wc, wc + got);
-		if (got == 0) {
-			if (std::chrono::steady_clock::now() >= deadline)
-				break;
-			std::this_thread::sleep_for(200us);
-		}
-	}
-	return out;
-}
+using xsrc::harness::poll_completions;
 
 // Completions that are there although none should be (after a short settle).
 inline size_t stray_completions(ibv_cq *cq, ms settle = 50ms)
 {
-	return poll_cq(cq, 1024, settle).size();
+	return poll_completions(cq, 1024, settle).size();
 }
 
 inline void post_srq_recv(ibv_srq *srq, uint64_t wr_id, void *addr, uint32_t len, uint32_t lkey)

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/fd.h"
+
 namespace {
 
 std::string device_name()
@@ -43,15 +45,14 @@ protected:
 		cq_ = ibv_create_cq(ctx_, 16, nullptr, nullptr, 0);
 		ASSERT_NE(cq_, nullptr);
 		char path[] = "/tmp/xrc_legacy_errors.XXXXXX";
-		fd_ = mkstemp(path);
-		ASSERT_GE(fd_, 0);
+		fd_.reset(mkstemp(path));
+		ASSERT_GE(fd_.get(), 0);
 		unlink(path);  // the open fd keeps the inode, which names the domain
 	}
 
 	void TearDown() override
 	{
-		if (fd_ >= 0)
-			close(fd_);
+		fd_.reset();
 		if (cq_) {
 			EXPECT_EQ(ibv_destroy_cq(cq_), 0);
 		}
@@ -73,7 +74,7 @@ protected:
 	ibv_context *ctx_ = nullptr;
 	ibv_pd *pd_ = nullptr;
 	ibv_cq *cq_ = nullptr;
-	int fd_ = -1;
+	xsrc::unique_fd fd_;
 };
 
 // ret == err and errno == err: the int calls' documented convention.
@@ -98,18 +99,18 @@ TEST_F(XrcLegacy, OpenArguments)
 	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, -1, 0), EINVAL);
 	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, -1, O_CREAT | O_EXCL), EINVAL);
 	// A file with no domain yet, opened without O_CREAT: upstream's EAGAIN.
-	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, fd_, 0), EAGAIN);
+	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, fd_.get(), 0), EAGAIN);
 }
 
 TEST_F(XrcLegacy, SharedFileAndExclusiveCreate)
 {
-	ibv_xrc_domain *d1 = ibv_open_xrc_domain(ctx_, fd_, O_CREAT);
+	ibv_xrc_domain *d1 = ibv_open_xrc_domain(ctx_, fd_.get(), O_CREAT);
 	ASSERT_NE(d1, nullptr) << strerror(errno);
 	EXPECT_EQ(d1->context, ctx_);
 	EXPECT_NE(d1->xrcd, nullptr);
 	// O_EXCL on a file that has a domain: upstream's EINVAL.
-	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, fd_, O_CREAT | O_EXCL), EINVAL);
-	ibv_xrc_domain *d2 = ibv_open_xrc_domain(ctx_, fd_, 0);
+	EXPECT_NULL_ERR(ibv_open_xrc_domain(ctx_, fd_.get(), O_CREAT | O_EXCL), EINVAL);
+	ibv_xrc_domain *d2 = ibv_open_xrc_domain(ctx_, fd_.get(), 0);
 	ASSERT_NE(d2, nullptr) << strerror(errno);
 	EXPECT_NE(d2, d1);
 	EXPECT_ERR(ibv_close_xrc_domain(d2), 0);
@@ -245,9 +246,9 @@ TEST_F(XrcLegacy, RegistrationLifecycle)
 // a domain drops the registrations made through it.
 TEST_F(XrcLegacy, CloseDropsRegistrations)
 {
-	ibv_xrc_domain *d1 = ibv_open_xrc_domain(ctx_, fd_, O_CREAT);
+	ibv_xrc_domain *d1 = ibv_open_xrc_domain(ctx_, fd_.get(), O_CREAT);
 	ASSERT_NE(d1, nullptr) << strerror(errno);
-	ibv_xrc_domain *d2 = ibv_open_xrc_domain(ctx_, fd_, 0);
+	ibv_xrc_domain *d2 = ibv_open_xrc_domain(ctx_, fd_.get(), 0);
 	ASSERT_NE(d2, nullptr) << strerror(errno);
 	ibv_xrc_qp_init_attr init{};
 	init.xrc_domain = d1;
@@ -260,7 +261,7 @@ TEST_F(XrcLegacy, CloseDropsRegistrations)
 	EXPECT_ERR(ibv_query_xrc_rcv_qp(d2, qpn, &attr, IBV_QP_STATE, nullptr), 0);
 	EXPECT_ERR(ibv_close_xrc_domain(d2), 0);  // the last one: the QP is gone
 
-	ibv_xrc_domain *d3 = ibv_open_xrc_domain(ctx_, fd_, O_CREAT);
+	ibv_xrc_domain *d3 = ibv_open_xrc_domain(ctx_, fd_.get(), O_CREAT);
 	ASSERT_NE(d3, nullptr) << strerror(errno);
 	EXPECT_ERR(ibv_query_xrc_rcv_qp(d3, qpn, &attr, IBV_QP_STATE, nullptr), ENOENT);
 	EXPECT_ERR(ibv_close_xrc_domain(d3), 0);
@@ -341,7 +342,7 @@ TEST_F(XrcLegacy, SendQp)
 
 TEST_F(XrcLegacy, SrcNames)
 {
-	struct ibv_src_domain *d = ibv_open_src_domain(ctx_, fd_, O_CREAT);
+	struct ibv_src_domain *d = ibv_open_src_domain(ctx_, fd_.get(), O_CREAT);
 	ASSERT_NE(d, nullptr) << strerror(errno);
 	ibv_srq_init_attr srq_attr{};
 	srq_attr.attr.max_wr = 4;
