@@ -22,10 +22,10 @@ static sockaddr_un socket_address(const fs::path &socket)
 	return addr;
 }
 
-static UniqueFd connect_to(const fs::path &socket)
+static unique_fd connect_to(const fs::path &socket)
 {
 	sockaddr_un addr = socket_address(socket);
-	UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+	unique_fd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
 	if (!sock)
 		throw CliError("socket: " + errno_text(errno));
 	timeval timeout{kReplyTimeoutSeconds, 0};
@@ -65,7 +65,7 @@ static std::string receive_reply(int sock)
 
 std::optional<ControlReply> control_request(const fs::path &socket, std::string_view request)
 {
-	UniqueFd sock = connect_to(socket);
+	unique_fd sock = connect_to(socket);
 	if (!sock)
 		return std::nullopt;
 	if (send(sock.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0)

@@ -41,8 +41,9 @@ int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req);
 int cmd_open_qp(Context &ctx, Caller &caller, const Request &req);
 // Drops one handle; a shared XRC receive QP goes with its last handle.
 void release_qp(Context &ctx, uint32_t handle);
-// The state in the arena: the truth, since a provider may move a QP to ERR.
-ibv_qp_state qp_state(Device &dev, const Qp &qp);
+// The state in the arena (kernel-abi/xsrc-qp-state.h): the truth, since a
+// provider may move a QP to ERR.
+ibv_qp_state qp_current_state(Device &dev, const Qp &qp);
 
 // qp_modify.cpp
 int cmd_modify_qp(Context &ctx, Caller &caller, const Request &req);

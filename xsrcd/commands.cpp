@@ -184,8 +184,8 @@ void destroy_context_objects(Context &ctx)
 	ctx.objects.clear();
 	ctx.channels.clear();
 	ctx.channel_pool.clear();
-	ctx.async_wr = OwnedFd();
-	ctx.async_rd = OwnedFd();
+	ctx.async_wr = unique_fd();
+	ctx.async_rd = unique_fd();
 }
 
 }  // namespace xsrc

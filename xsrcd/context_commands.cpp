@@ -12,14 +12,14 @@ namespace {
 
 // Takes the daemon's copy of a pipe's write end after checking that `fds`
 // names the two ends of one pipe in the caller.
-int take_pipe(Caller &caller, const xsrc_fd_pair &fds, OwnedFd &wr, OwnedFd *rd = nullptr)
+int take_pipe(Caller &caller, const xsrc_fd_pair &fds, unique_fd &wr, unique_fd *rd = nullptr)
 {
 	if (fds.rd_fd > INT32_MAX || fds.wr_fd > INT32_MAX || fds.rd_fd == fds.wr_fd)
 		return EINVAL;
-	OwnedFd w(caller.take_fd(static_cast<int>(fds.wr_fd)));
+	unique_fd w(caller.take_fd(static_cast<int>(fds.wr_fd)));
 	if (!w)
 		return EBADF;
-	OwnedFd r(caller.take_fd(static_cast<int>(fds.rd_fd)));
+	unique_fd r(caller.take_fd(static_cast<int>(fds.rd_fd)));
 	if (!r)
 		return EBADF;
 	struct stat ws, rs;
@@ -62,13 +62,13 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	if (drv.num_channel_fds > XSRC_MAX_CHANNEL_FDS)
 		return EINVAL;
 
-	OwnedFd async_wr, async_rd;
+	unique_fd async_wr, async_rd;
 	if (int err = take_pipe(caller, drv.async_fds, async_wr, &async_rd))
 		return err;
 	std::deque<std::pair<int, Channel>> pool;
 	for (uint32_t i = 0; i < drv.num_channel_fds; ++i) {
-		OwnedFd wr;
-		OwnedFd rd;
+		unique_fd wr;
+		unique_fd rd;
 		if (int err = take_pipe(caller, drv.channel_fds[i], wr, &rd))
 			return err;
 		pool.emplace_back(static_cast<int>(drv.channel_fds[i].rd_fd), Channel{std::move(wr), std::move(rd)});
@@ -161,7 +161,7 @@ int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 	if (int err = check_no_driver_data(req))
 		return err;
 	bool query_only = cmd.fds.rd_fd == XSRC_NO_FD && cmd.fds.wr_fd == XSRC_NO_FD;
-	OwnedFd wr, rd;
+	unique_fd wr, rd;
 	if (!query_only) {
 		if (ctx.channel_pool.size() >= 4 * XSRC_MAX_CHANNEL_FDS)
 			return EMFILE;

@@ -87,7 +87,7 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 		return ESRCH;
 	// The transports pair up as on the wire.
 	uint8_t want = own.qp_type == IBV_QPT_XRC_SEND ? uint8_t(IBV_QPT_XRC_RECV) : own.qp_type;
-	if (peer->qp_type != want || !receive_state(qp_state(dev, *peer)))
+	if (peer->qp_type != want || !receive_state(qp_current_state(dev, *peer)))
 		return EACCES;
 	// Connected transports (RC, UC, XRC) reach only the QP they are
 	// connected to, and it must be connected back: our own record of both,
@@ -240,7 +240,7 @@ public:
 	{
 		uint64_t hash = (uint64_t(uint32_t(pid)) << 40) ^ (va >> 3);
 		word_ = &arena.at<uint32_t>(arena.header().atomic_locks_off + 4 * (hash % XSRC_ATOMIC_LOCKS));
-		auto lock = std::atomic_ref<uint32_t>(*word_);
+		auto lock = atomic(*word_);
 		uint32_t me = static_cast<uint32_t>(getpid());
 		auto deadline = std::chrono::steady_clock::now() + kAtomicLockWait;
 		for (unsigned spins = 0;; ++spins) {
@@ -265,7 +265,7 @@ public:
 	~ArenaAtomicLock()
 	{
 		if (held_)
-			std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+			store_release<uint32_t>(*word_, 0);
 	}
 	ArenaAtomicLock(const ArenaAtomicLock &) = delete;
 	ArenaAtomicLock &operator=(const ArenaAtomicLock &) = delete;
@@ -335,7 +335,7 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 	const Qp *own = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
 		return EINVAL;
-	ibv_qp_state state = qp_state(*ctx.device, *own);
+	ibv_qp_state state = qp_current_state(*ctx.device, *own);
 	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD)
 		return EINVAL;
 	// UD moves nothing but payloads into receives.

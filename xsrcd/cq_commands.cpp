@@ -196,7 +196,7 @@ int cmd_req_notify_cq(Context &ctx, Caller &, const Request &req)
 		return EINVAL;
 	xsrc_cq_ring &ring = ctx.device->arena->at<xsrc_cq_ring>(cq->ring_off);
 	uint32_t mode = cmd.solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
-	std::atomic_ref<__u32>(ring.armed).store(mode, std::memory_order_seq_cst);
+	atomic(ring.armed).store(mode, std::memory_order_seq_cst);
 	return 0;
 }
 

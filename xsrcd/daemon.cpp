@@ -43,7 +43,7 @@ bool thread_of(pid_t tid, pid_t tgid)
 Daemon::Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir)
 	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root)), shm_dir_(std::move(shm_dir))
 {
-	owner_watch_ = OwnedFd(epoll_create1(EPOLL_CLOEXEC));
+	owner_watch_ = unique_fd(epoll_create1(EPOLL_CLOEXEC));
 }
 
 Daemon::~Daemon()

@@ -72,7 +72,7 @@ int raise_srq_limit(Device &dev, uint64_t srqn)
 int raise_qp_event(Device &dev, uint64_t qpn, uint32_t kind)
 {
 	Found<Qp> qp = find_qp(dev, qpn);
-	if (!qp || qp_state(dev, *qp.object) == IBV_QPS_RESET)
+	if (!qp || qp_current_state(dev, *qp.object) == IBV_QPS_RESET)
 		return EINVAL;  // a QP in RESET does no work that could fail
 	if (kind == XSRC_EVENT_QP_FATAL) {
 		qp_enter_error(*qp.owner, *qp.object);
@@ -129,7 +129,7 @@ namespace {
 // end's O_NONBLOCK is the application's to set), keeps those `is_mine` picks
 // and writes the others back. Returns how many it kept.
 template <typename Event, typename Pred>
-uint32_t reclaim(const OwnedFd &rd, const OwnedFd &wr, Pred is_mine)
+uint32_t reclaim(const unique_fd &rd, const unique_fd &wr, Pred is_mine)
 {
 	if (!rd || !wr)
 		return 0;

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/fd.h"
 #include "control.h"
 #include "control_protocol.h"
 #include "daemon.h"
@@ -58,20 +59,19 @@ uint32_t parse_abi_revision(const std::string &text)
 }
 
 // Takes the pid file's lock for the daemon's lifetime: two `xsrc up` at once
-// must not start two daemons. Returns the fd, or -1 if another holds it.
-int lock_pidfile(const std::string &pidfile, long &holder)
+// must not start two daemons. Returns the fd, or none if another holds it.
+xsrc::unique_fd lock_pidfile(const std::string &pidfile, long &holder)
 {
-	int fd = open(pidfile.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -1;
-	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+	xsrc::unique_fd fd(open(pidfile.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+	if (!fd)
+		return fd;
+	if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
 		std::ifstream in(pidfile);
 		in >> holder;
-		close(fd);
-		return -1;
+		return xsrc::unique_fd();
 	}
 	std::string pid = std::to_string(getpid()) + "\n";
-	if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+	if (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
 		// the lock is what matters; the content is informational
 	}
 	return fd;
@@ -113,8 +113,8 @@ int main(int argc, char **argv)
 	std::error_code ec;
 	fs::create_directories(rundir, ec);
 	long other = 0;
-	int pid_fd = lock_pidfile(pidfile, other);
-	if (pid_fd < 0) {
+	xsrc::unique_fd pid_fd = lock_pidfile(pidfile, other);
+	if (!pid_fd) {
 		fprintf(stderr, "xsrcd: already running (pid %ld)\n", other);
 		return 1;
 	}
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
 	fs::remove_all(sysfs_root, ec);
 	rmdir(fuse_root.c_str());
 	unlink(pidfile.c_str());
-	close(pid_fd);
+	pid_fd.reset();
 	fprintf(stderr, "xsrcd: stopped\n");
 	return status;
 }

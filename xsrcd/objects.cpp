@@ -6,28 +6,12 @@
 
 namespace xsrc {
 
-OwnedFd &OwnedFd::operator=(OwnedFd &&o) noexcept
-{
-	if (this != &o) {
-		if (fd_ >= 0)
-			close(fd_);
-		fd_ = o.release();
-	}
-	return *this;
-}
-
-OwnedFd::~OwnedFd()
-{
-	if (fd_ >= 0)
-		close(fd_);
-}
-
 void Context::prune_closed_channels()
 {
 	if (!caller)
 		return;
 	for (auto it = channels.begin(); it != channels.end();) {
-		OwnedFd theirs(caller->take_fd(it->first));
+		unique_fd theirs(caller->take_fd(it->first));
 		struct stat a, b;
 		bool same = theirs && it->second.rd && fstat(theirs.get(), &a) == 0 &&
 			    fstat(it->second.rd.get(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;

@@ -18,28 +18,13 @@
 #include <vector>
 
 #include "arena.h"
+#include "common/fd.h"
 #include "caller.h"
 #include "netdev.h"
 #include "sysfs_view.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
-
-// An fd the daemon owns; closes on destruction.
-class OwnedFd {
-public:
-	OwnedFd() = default;
-	explicit OwnedFd(int fd) : fd_(fd) {}
-	OwnedFd(OwnedFd &&o) noexcept : fd_(o.release()) {}
-	OwnedFd &operator=(OwnedFd &&o) noexcept;
-	~OwnedFd();
-	int get() const { return fd_; }
-	int release() { int f = fd_; fd_ = -1; return f; }
-	explicit operator bool() const { return fd_ >= 0; }
-
-private:
-	int fd_ = -1;
-};
 
 // Limits the device advertises and every command honours.
 struct DeviceLimits {
@@ -203,8 +188,8 @@ struct Xrcd {
 using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah, Xrcd>;
 
 struct Channel {
-	OwnedFd wr;                // daemon's copy of the pipe's write end
-	OwnedFd rd;                // and of its read end: to take back unread events
+	unique_fd wr;                // daemon's copy of the pipe's write end
+	unique_fd rd;                // and of its read end: to take back unread events
 };
 
 struct Device;
@@ -216,8 +201,8 @@ struct Context {
 	uid_t uid = 0;
 	std::unique_ptr<ProcessCaller> caller;
 	bool initialised = false;   // GET_CONTEXT done
-	OwnedFd async_wr;
-	OwnedFd async_rd;            // to take back unread events of a destroyed object
+	unique_fd async_wr;
+	unique_fd async_rd;            // to take back unread events of a destroyed object
 	uint64_t async_events_dropped = 0;
 
 	// Registered channel pipes not yet handed out, FIFO: {caller rd fd, ours}.
@@ -283,7 +268,7 @@ struct Device {
 	// opened through a file is named by that file's inode.
 	struct XrcDomain {
 		std::optional<std::pair<dev_t, ino_t>> inode;  // none: private (OPEN_XRCD with fd -1)
-		std::shared_ptr<OwnedFd> file;  // pins the inode: a new file cannot inherit its number
+		std::shared_ptr<unique_fd> file;  // pins the inode: a new file cannot inherit its number
 		uint32_t handles = 0;                          // Xrcd objects in all contexts
 	};
 	uint32_t next_xrcd_id = 1;

@@ -12,6 +12,7 @@
 #include "command_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
+#include "xsrc-qp-state.h"
 
 namespace xsrc {
 namespace {
@@ -157,7 +158,7 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 	e.max_send_sge = qp.caps.max_send_sge;
 	e.max_recv_sge = qp.caps.max_recv_sge;
 	e.max_inline_data = qp.caps.max_inline_data;
-	store_release<__u32>(e.state, IBV_QPS_RESET + 1);
+	store_release(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 }
 
 // The receive ring of a QP without an SRQ: 0 when the arena is full.
@@ -309,12 +310,12 @@ constexpr uint32_t kKnownCreateFlags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB |
 
 }  // namespace
 
-ibv_qp_state qp_state(Device &dev, const Qp &qp)
+ibv_qp_state qp_current_state(Device &dev, const Qp &qp)
 {
-	uint32_t s = load_acquire(dev.arena->qp_entry(qp.index).state);
-	if (s == XSRC_QP_STATE_FREE)
-		return IBV_QPS_RESET;
-	return s - 1 <= IBV_QPS_ERR ? static_cast<ibv_qp_state>(s - 1) : IBV_QPS_ERR;
+	ibv_qp_state state = xsrc_qp_state_decode(load_acquire(dev.arena->qp_entry(qp.index).state));
+	// A live QP's slot is never free unless a provider scribbled on it: the
+	// daemon has always read that as RESET.
+	return state == IBV_QPS_UNKNOWN ? IBV_QPS_RESET : state;
 }
 
 int cmd_create_qp(Context &ctx, Caller &caller, const Request &req)
@@ -364,7 +365,7 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 	resp.dest_qp_num = a.dest_qp_num;
 	resp.qp_access_flags = a.access_flags;
 	resp.pkey_index = a.pkey_index;
-	resp.qp_state = resp.cur_qp_state = static_cast<uint8_t>(qp_state(*ctx.device, *qp));
+	resp.qp_state = resp.cur_qp_state = static_cast<uint8_t>(qp_current_state(*ctx.device, *qp));
 	resp.path_mtu = a.path_mtu;
 	resp.path_mig_state = a.path_mig_state;
 	resp.sq_draining = 0;  // the send queue is drained by the time SQD is entered

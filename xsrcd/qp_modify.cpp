@@ -6,6 +6,7 @@
 #include "command_handlers.h"
 #include "qp_state.h"
 #include "rings.h"
+#include "xsrc-qp-state.h"
 
 namespace xsrc {
 namespace {
@@ -130,7 +131,7 @@ void publish_attributes(xsrc_qp_entry &e, const QpAttributes &a, ibv_qp_state st
 	e.max_rd_atomic = a.max_rd_atomic;
 	e.max_dest_rd_atomic = a.max_dest_rd_atomic;
 	std::memcpy(e.dgid, a.dest.dgid, sizeof(e.dgid));
-	store_release<__u32>(e.state, state + 1);
+	store_release(e.state, xsrc_qp_state_encode(state));
 }
 
 // IBTA: a QP attached to an SRQ reports "last WQE reached" once after
@@ -172,7 +173,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 	cmd.attr_mask = applicable_mask(qp->qp_type, request.attr_mask);
 	Device &dev = *ctx.device;
 	const uint32_t mask = cmd.attr_mask;
-	ibv_qp_state cur = qp_state(dev, *qp);
+	ibv_qp_state cur = qp_current_state(dev, *qp);
 	// IBTA: a current state the consumer names must be the actual one.
 	if ((mask & IBV_QP_CUR_STATE) && cmd.cur_qp_state != cur)
 		return EINVAL;
@@ -207,7 +208,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 
 void qp_enter_error(Context &ctx, Qp &qp)
 {
-	store_release<__u32>(ctx.device->arena->qp_entry(qp.index).state, IBV_QPS_ERR + 1);
+	store_release(ctx.device->arena->qp_entry(qp.index).state, xsrc_qp_state_encode(IBV_QPS_ERR));
 }
 
 void qp_report_last_wqe(Context &ctx, Qp &qp)

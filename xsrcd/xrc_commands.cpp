@@ -42,12 +42,12 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 	Device &dev = *ctx.device;
 
 	std::optional<std::pair<dev_t, ino_t>> inode;
-	OwnedFd file;
+	unique_fd file;
 	uint32_t xrcd_id = 0;  // 0: a new domain
 	if (cmd.fd != kNoFd) {
 		if (cmd.fd > INT32_MAX)
 			return EBADF;
-		file = OwnedFd(caller.take_fd(static_cast<int>(cmd.fd)));
+		file = unique_fd(caller.take_fd(static_cast<int>(cmd.fd)));
 		if (!file)
 			return EBADF;
 		struct stat st;
@@ -80,7 +80,7 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 		domain.inode = inode;
 		if (inode) {
 			// Held while the domain lives, as the kernel holds the inode.
-			domain.file = std::make_shared<OwnedFd>(std::move(file));
+			domain.file = std::make_shared<unique_fd>(std::move(file));
 			dev.xrcds_by_inode[*inode] = xrcd_id;
 		}
 	}

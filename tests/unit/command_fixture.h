@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "device.h"
 #include "xsrc-abi.h"
+#include "xsrc-qp-state.h"
 #include "xsrc-queues.h"
 
 namespace xsrc::test {

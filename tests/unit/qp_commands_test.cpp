@@ -89,7 +89,7 @@ protected:
 		basic_objects();
 	}
 
-	ibv_qp_state state_of(const CreatedQp &qp) { return ibv_qp_state(qp_entry(qp.qpn).state - 1); }
+	ibv_qp_state state_of(const CreatedQp &qp) { return xsrc_qp_state_decode(qp_entry(qp.qpn).state); }
 
 	int step(const CreatedQp &qp, uint8_t type, ibv_qp_state from, ibv_qp_state to)
 	{
@@ -118,7 +118,7 @@ protected:
 		if (target == IBV_QPS_SQD) {
 			ASSERT_EQ(step(qp, type, IBV_QPS_RTS, IBV_QPS_SQD), 0);
 		} else if (target == IBV_QPS_SQE) {
-			qp_entry(qp.qpn).state = IBV_QPS_SQE + 1;
+			qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_SQE);
 		}
 	}
 
@@ -146,7 +146,7 @@ TEST_F(QpCommandsTest, CreatePublishesAResetQpAndItsReceiveRing)
 	EXPECT_EQ(qp.core.max_inline_data, 64u);
 
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(e.qpn, qp.qpn);
 	EXPECT_EQ(e.generation, 1u);
 	EXPECT_EQ(e.owner_pid, uint32_t(getpid()));
@@ -360,7 +360,7 @@ TEST_F(QpCommandsTest, CurrentStateMustMatch)
 	EXPECT_EQ(modify_qp(cmd), EINVAL);
 
 	// The device moved the QP to SQE: the consumer says so and resumes it.
-	qp_entry(qp.qpn).state = IBV_QPS_SQE + 1;
+	qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_SQE);
 	cmd.cur_qp_state = IBV_QPS_RTS;
 	EXPECT_EQ(modify_qp(cmd), EINVAL);
 	cmd.cur_qp_state = IBV_QPS_SQE;
@@ -376,7 +376,7 @@ TEST_F(QpCommandsTest, CurrentStateMustMatch)
 	EXPECT_EQ(modify_qp(rtr), EINVAL);
 
 	// A provider that found an error set ERR: the daemon sees it.
-	qp_entry(qp.qpn).state = IBV_QPS_ERR + 1;
+	qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_ERR);
 	EXPECT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RTS, IBV_QP_STATE)), EINVAL);
 	EXPECT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RESET, IBV_QP_STATE)), 0);
 }
@@ -457,7 +457,7 @@ TEST_F(QpCommandsTest, ArenaEntryAndQueryFollowModify)
 	bring_to(qp, IBV_QPT_RC, IBV_QPS_RTS);
 
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RTS + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RTS));
 	EXPECT_EQ(e.port_num, 1);
 	EXPECT_EQ(e.path_mtu, IBV_MTU_1024);
 	EXPECT_EQ(e.dest_qpn, 0x345u);
@@ -511,7 +511,7 @@ TEST_F(QpCommandsTest, ArenaEntryAndQueryFollowModify)
 	rq.head = 1;
 	slot0->seq = 17;
 	ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RESET, IBV_QP_STATE)), 0);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(rq.tail, 0u);
 	EXPECT_EQ(rq.head, 0u);
 	EXPECT_EQ(slot0->seq, 0u);

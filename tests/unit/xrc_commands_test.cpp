@@ -240,7 +240,7 @@ protected:
 		return run_on(c, IB_USER_VERBS_CMD_DESTROY_SRQ, cmd, {}, sizeof(resp));
 	}
 
-	ibv_qp_state state_of(uint32_t qpn) { return ibv_qp_state(qp_entry(qpn).state - 1); }
+	ibv_qp_state state_of(uint32_t qpn) { return xsrc_qp_state_decode(qp_entry(qpn).state); }
 
 	~XrcCommandsTest() override
 	{
@@ -440,7 +440,7 @@ TEST_F(XrcCommandsTest, SendQpHasNoReceiveSide)
 	EXPECT_EQ(qp.core.max_inline_data, 64u);
 	EXPECT_EQ(qp.drv.rq_off, 0u);
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(e.qp_type, IBV_QPT_XRC_SEND);
 	EXPECT_EQ(e.pd_id, pd0_id);
 	EXPECT_EQ(e.send_cq_off, cq0_ring);
