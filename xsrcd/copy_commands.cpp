@@ -14,7 +14,7 @@
 #include <chrono>
 #include <vector>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -151,10 +151,10 @@ int caller_iovs(Caller &caller, const xsrc_copy &cmd, std::vector<iovec> &iov)
 	uint64_t total = 0;
 	for (const iovec &v : iov) {
 		if (v.iov_len > cmd.length - total)
-			return EINVAL;
+			return refuse(EINVAL, "iovec longer than the length");
 		total += v.iov_len;
 	}
-	return total == cmd.length ? 0 : EINVAL;
+	return total == cmd.length ? 0 : refuse(EINVAL, "iovec lengths do not add up to the length");
 }
 
 // Moves bytes between `bounce` and the caller's buffers `pieces`, in order.
@@ -284,7 +284,7 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 	{
 		ArenaAtomicLock lock(*ctx.device->arena, t.owner->owner, t.va);
 		if (!lock.held())
-			return EAGAIN;
+			return refuse(EAGAIN, "the arena's atomic lock is held too long");
 		if (peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&original, 1)), false)) {
 			resp.status = peer_status(*t.owner);
 			return 0;
@@ -313,7 +313,7 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 {
 	if (abi_revision(ctx) < 2)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "command newer than the driver ABI revision served (--abi)");
 	auto cmd = load<xsrc_copy>(req.core);
 	if (int err = check_comp_mask(cmd.comp_mask, 0))
 		return err;
@@ -322,25 +322,25 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 	if (cmd.op < XSRC_COPY_WRITE || cmd.op > XSRC_COPY_CMP_SWAP ||
 	    (cmd.key_kind != XSRC_COPY_RKEY && cmd.key_kind != XSRC_COPY_LKEY) ||
 	    cmd.num_local > XSRC_COPY_MAX_IOV || cmd.length > XSRC_MAX_MSG_SIZE)
-		return EINVAL;
+		return refuse(EINVAL, "bad op, key kind, reserved field, or limit: iovec count or length");
 	// A receive buffer only ever takes a payload; atomics are 8 aligned bytes.
 	if (cmd.key_kind == XSRC_COPY_LKEY && cmd.op != XSRC_COPY_WRITE)
-		return EINVAL;
+		return refuse(EINVAL, "a local key for an op that is not a write");
 	if (is_atomic(cmd.op) && (cmd.length != 8 || cmd.num_local != 1 || (cmd.peer_addr & 7)))
-		return EINVAL;
+		return refuse(EINVAL, "atomic not of 8 aligned bytes from one iovec");
 	if (req.resp_len < sizeof(xsrc_copy_resp))
-		return ENOSPC;
+		return refuse(ENOSPC, "no room for the response");
 
 	// The caller acts through one of its own QPs, able to send.
 	const Qp *own = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle, or an XRC receive QP");
 	ibv_qp_state state = qp_current_state(*ctx.device, *own);
 	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD)
-		return EINVAL;
+		return refuse(EINVAL, "QP not in RTS or SQD");
 	// UD moves nothing but payloads into receives.
 	if (own->qp_type == IBV_QPT_UD && cmd.key_kind != XSRC_COPY_LKEY)
-		return EINVAL;
+		return refuse(EINVAL, "a UD QP names a remote key");
 
 	std::vector<iovec> iov;
 	xsrc_copy_resp resp{};

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "command_handlers.h"
-#include "commands.h"
+#include "dispatcher_handlers.h"
+#include "dispatcher.h"
 #include "device.h"
 #include "xsrc-abi.h"
 
@@ -265,7 +265,7 @@ int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 	if (it == contexts_.end())
 		return EBADF;
 	Context &ctx = *it->second;
-	return execute_command(ctx, other ? *other : *ctx.caller, command);
+	return dispatch_command(ctx, other ? *other : *ctx.caller, command);
 }
 
 void Daemon::release_context(uint64_t id)

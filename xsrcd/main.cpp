@@ -22,6 +22,7 @@
 #include "control_protocol.h"
 #include "daemon.h"
 #include "fuse_fs.h"
+#include "log.h"
 #include "netdev.h"
 #include "xsrc-abi.h"
 
@@ -38,10 +39,14 @@ void request_exit()
 [[noreturn]] void usage(int status)
 {
 	fprintf(status ? stderr : stdout,
-		"usage: xsrcd [--rundir DIR] [--abi N]\n"
+		"usage: xsrcd [--rundir DIR] [--abi N] [--debug]\n"
 		"The xsrc device daemon; normally started by 'xsrc up'.\n"
-		"  --abi N   serve driver ABI revision N (1..%d, default %d) to\n"
-		"            test providers against an older daemon\n",
+		"  --abi N       serve driver ABI revision N (1..%d, default %d) to\n"
+		"                test providers against an older daemon\n"
+		"  -v, --debug   log every refused command (its name, the errno and\n"
+		"                the check that refused it) to stderr, which is\n"
+		"                xsrcd.log in the run directory under 'xsrc up';\n"
+		"                XSRC_DEBUG=1 in the environment does the same\n",
 		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION);
 	exit(status);
 }
@@ -83,6 +88,7 @@ int main(int argc, char **argv)
 {
 	std::string rundir = xsrc::kDefaultRunDir;
 	uint32_t abi_revision = XSRC_DRIVER_ABI_REVISION;
+	bool debug = xsrc::debug_requested_by_environment();
 	for (int i = 1; i < argc; ++i) {
 		std::string arg = argv[i];
 		if (arg == "--rundir" && i + 1 < argc) {
@@ -94,12 +100,15 @@ int main(int argc, char **argv)
 					argv[i], XSRC_DRIVER_ABI_REVISION);
 				return 2;
 			}
+		} else if (arg == "--debug" || arg == "-v") {
+			debug = true;
 		} else if (arg == "--help" || arg == "-h") {
 			usage(0);
 		} else {
 			usage(2);
 		}
 	}
+	xsrc::set_debug_enabled(debug);
 	if (geteuid() != 0) {
 		fprintf(stderr, "xsrcd: must run as root\n");
 		return 1;
@@ -154,6 +163,8 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "xsrcd: serving %s (pid %d, driver ABI %d revision %u)\n", fuse_root.c_str(),
 				getpid(), XSRC_DRIVER_ABI_VERSION, abi_revision);
+			if (debug)
+				fprintf(stderr, "xsrcd: debug log on: every refused command is logged\n");
 			fuse.run();
 		}
 		daemon.remove_all_devices();

@@ -4,6 +4,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+
+#include "log.h"
+
 namespace xsrc {
 
 void Context::prune_closed_channels()
@@ -63,6 +67,29 @@ void SlotTable::rebind(uint32_t index, ObjectRef ref)
 {
 	if (index < slots_.size() && slots_[index] && ref)
 		slots_[index] = ref;
+}
+
+int insert_object(Context &ctx, Object obj, uint32_t &handle)
+{
+	if (ctx.objects.size() >= DeviceLimits::max_objects_per_context)
+		return refuse(ENOMEM, "limit: max_objects_per_context");
+	while (ctx.objects.count(ctx.next_handle))
+		++ctx.next_handle;
+	handle = ctx.next_handle++;
+	if (ctx.device)
+		++ctx.device->object_counts[obj.index()];
+	ctx.objects.emplace(handle, std::move(obj));
+	return 0;
+}
+
+void erase_object(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	if (it == ctx.objects.end())
+		return;
+	if (ctx.device)
+		--ctx.device->object_counts[it->second.index()];
+	ctx.objects.erase(it);
 }
 
 }  // namespace xsrc

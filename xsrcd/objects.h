@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct DeviceLimits {
 	static constexpr uint32_t max_ah = 65536;
 	static constexpr uint32_t max_xrcd = 16384;  // XRC domains on the device
 	static constexpr uint32_t max_comp_channels_per_context = 1024;
+	static constexpr uint32_t max_objects_per_context = 1u << 20;  // handles in one context
 	static constexpr uint32_t max_msg_size = 1u << 31;
 	static constexpr uint32_t gid_tbl_len = 16;
 	static constexpr uint32_t num_comp_vectors = 1;
@@ -277,5 +279,44 @@ struct Device {
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };
+
+// --- a context's object table ---------------------------------------------
+
+template <typename T>
+T *lookup(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
+}
+
+// The index of T among the Object alternatives.
+template <typename T, typename Variant>
+struct AlternativeIndex;
+template <typename T, typename... Ts>
+struct AlternativeIndex<T, std::variant<Ts...>> {
+	static constexpr size_t value = [] {
+		size_t i = 0;
+		(void)((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
+		return i;
+	}();
+};
+
+template <typename T>
+constexpr size_t object_index()
+{
+	return AlternativeIndex<T, Object>::value;
+}
+
+// Live objects of type T on the device (all contexts).
+template <typename T>
+uint32_t device_object_count(const Device &dev)
+{
+	return dev.object_counts[object_index<T>()];
+}
+
+// Adds an object to the context under a new handle. ENOMEM when full.
+int insert_object(Context &ctx, Object obj, uint32_t &handle);
+// Removes it (no other bookkeeping).
+void erase_object(Context &ctx, uint32_t handle);
 
 }  // namespace xsrc

@@ -1,6 +1,6 @@
 // Protection domains and memory regions: device-wide PD ids and the arena's
 // MR table, against which the data path checks every key.
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -58,7 +58,7 @@ int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	Device &dev = *ctx.device;
 	if (dev.pd_ids.size() >= DeviceLimits::max_pd)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_pd PDs on the device");
 	uint32_t pd_id = allocate_pd_id(dev);
 	ib_uverbs_alloc_pd_resp resp{};
 	if (int err = insert_object(ctx, Pd{pd_id, 0}, resp.pd_handle)) {
@@ -89,9 +89,9 @@ int cmd_dealloc_pd(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_dealloc_pd>(req.core);
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
 	if (pd->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	release_pd(ctx, cmd.pd_handle);
 	return 0;
 }
@@ -103,23 +103,23 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
 	if (cmd.access_flags & ~kSupportedAccess)
-		return EOPNOTSUPP;  // memory windows, on-demand paging
+		return refuse(EOPNOTSUPP, "unsupported access flags");  // memory windows, on-demand paging
 	// IBTA o10-37: remote write or atomic access requires local write.
 	if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
 	    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
-		return EINVAL;
+		return refuse(EINVAL, "remote write or atomic access without local write");
 	if (cmd.length == 0 || cmd.start + cmd.length < cmd.start)
-		return EINVAL;
+		return refuse(EINVAL, "zero length, or the range wraps around");
 	Device &dev = *ctx.device;
 	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_mr MRs on the device");
 	bool writable = cmd.access_flags & (IB_UVERBS_ACCESS_LOCAL_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_ATOMIC);
 	if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
-		return err;
+		return refuse(err, "the range is not mapped in the caller, or not writable");
 
 	uint32_t index = allocate_mr_index(dev);
 	uint32_t key = index << 8 | dev.key_salt++;
@@ -159,7 +159,7 @@ int cmd_dereg_mr(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_dereg_mr>(req.core);
 	if (!lookup<Mr>(ctx, cmd.mr_handle))
-		return EINVAL;
+		return refuse(EINVAL, "no such MR handle");
 	release_mr(ctx, cmd.mr_handle);
 	return 0;
 }

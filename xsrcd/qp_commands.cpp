@@ -9,7 +9,7 @@
 // a handle on it by QPN, and it lives until the last handle is destroyed.
 #include <cstring>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 #include "xsrc-qp-state.h"
@@ -58,9 +58,9 @@ int check_qp_type(uint8_t type)
 		return 0;
 	case IBV_QPT_RAW_PACKET:
 	case IBV_QPT_DRIVER:
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "driver QPs are not supported");
 	default:
-		return EINVAL;
+		return refuse(EINVAL, "unknown QP type");
 	}
 }
 
@@ -97,21 +97,21 @@ int resolve_qp_links(Context &ctx, const QpInit &init, QpLinks &links)
 {
 	if (init.qp_type == IBV_QPT_XRC_RECV) {
 		links.xrcd = lookup<Xrcd>(ctx, init.pd_handle);
-		return links.xrcd ? 0 : EINVAL;
+		return links.xrcd ? 0 : refuse(EINVAL, "no such XRC domain handle");
 	}
 	links.pd = lookup<Pd>(ctx, init.pd_handle);
 	links.send_cq = lookup<Cq>(ctx, init.send_cq_handle);
 	if (!links.pd || !links.send_cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD or send CQ handle");
 	if (init.qp_type == IBV_QPT_XRC_SEND)
 		return 0;
 	links.recv_cq = lookup<Cq>(ctx, init.recv_cq_handle);
 	if (!links.recv_cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such receive CQ handle");
 	if (init.is_srq) {
 		links.srq = lookup<Srq>(ctx, init.srq_handle);
 		if (!links.srq || links.srq->srq_type != IBV_SRQT_BASIC)
-			return EINVAL;
+			return refuse(EINVAL, "no such SRQ handle, or not a basic SRQ");
 	}
 	return 0;
 }
@@ -122,10 +122,10 @@ int check_qp_caps(const QpInit &init)
 	const QpCaps &c = init.caps;
 	if (c.max_send_wr > L::max_qp_wr || c.max_send_sge > L::max_sge ||
 	    c.max_inline_data > L::max_inline_data)
-		return EINVAL;
+		return refuse(EINVAL, "limit: send queue size, SGEs or inline data over the device's");
 	// With an SRQ the receive capabilities are the SRQ's; the QP's are ignored.
 	if (!init.is_srq && (c.max_recv_wr > L::max_qp_wr || c.max_recv_sge > L::max_sge))
-		return EINVAL;
+		return refuse(EINVAL, "limit: receive queue size or SGEs over the device's");
 	return 0;
 }
 
@@ -259,12 +259,12 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 		return err;
 	Device &dev = *ctx.device;
 	if (dev.qp_slots.used() >= DeviceLimits::max_qp)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_qp QPs on the device");
 
 	Qp qp = new_qp(init, links);
 	bool own_rq = has_receive_side(init.qp_type) && !init.is_srq;
 	if (own_rq && !(qp.rq_off = create_rq_ring(ctx, qp.caps)))
-		return ENOMEM;
+		return refuse(ENOMEM, "arena full");
 	uint32_t handle;
 	if (int err = insert_object(ctx, qp, handle)) {
 		dev.arena->release(qp.rq_off);
@@ -274,7 +274,7 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 	if (!index) {
 		erase_object(ctx, handle);
 		dev.arena->release(qp.rq_off);
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: the device's QP numbers");
 	}
 	Qp &created = *lookup<Qp>(ctx, handle);
 	created.index = *index;
@@ -322,7 +322,7 @@ int cmd_create_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_create_qp>(req.core);
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	return create_qp(ctx, caller, req, qp_init_from(cmd), false);
 }
 
@@ -330,16 +330,16 @@ int cmd_ex_create_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_create_qp>(req.core);
 	if (cmd.comp_mask & ~static_cast<uint32_t>(IB_UVERBS_CREATE_QP_SUP_COMP_MASK))
-		return EINVAL;
+		return refuse(EINVAL, "unknown comp_mask bits");
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	// An indirection table handle names no object: none can exist here.
 	if (cmd.comp_mask & IB_UVERBS_CREATE_QP_MASK_IND_TABLE)
-		return EINVAL;
+		return refuse(EINVAL, "an indirection table (no such object here)");
 	if (cmd.create_flags & ~kKnownCreateFlags)
-		return EINVAL;
+		return refuse(EINVAL, "unknown create_flags");
 	if (cmd.create_flags)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "create_flags not supported");
 	return create_qp(ctx, caller, req, qp_init_from(cmd), true);
 }
 
@@ -348,7 +348,7 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_query_qp>(req.core);
 	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	if (int err = check_no_driver_data(req))
 		return err;
 	const QpAttributes &a = qp->attributes();
@@ -417,12 +417,12 @@ int cmd_open_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_open_qp>(req.core);
 	Xrcd *xrcd = lookup<Xrcd>(ctx, cmd.pd_handle);
 	if (!xrcd || cmd.qp_type != IBV_QPT_XRC_RECV)
-		return EINVAL;
+		return refuse(EINVAL, "no such XRC domain handle, or not an XRC receive QP");
 	if (int err = check_no_driver_data(req))
 		return err;
 	const Qp *target = find_xrc_recv_qp(*ctx.device, cmd.qpn);
 	if (!target || target->shared->xrcd_id != xrcd->xrcd_id)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP in this XRC domain");
 
 	Qp qp;
 	qp.user_handle = cmd.user_handle;
@@ -449,7 +449,7 @@ int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_destroy_qp>(req.core);
 	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	ib_uverbs_destroy_qp_resp resp{};
 	resp.events_reported = qp->events_reported -
 		reclaim_unread_async_events(ctx, qp->user_handle, qp->events_reported);

@@ -3,7 +3,7 @@
 // for QUERY_QP and written to the QP's arena entry before its new state.
 #include <cstring>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "qp_state.h"
 #include "rings.h"
 #include "xsrc-qp-state.h"
@@ -25,13 +25,13 @@ constexpr uint32_t kFlowLabelMask = 0xfffff;
 int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
 {
 	if (dest.port_num != 1 || !dest.is_global)
-		return EINVAL;
+		return refuse(EINVAL, "path not on port 1 or not global");
 	if (!valid_sgid_index(dev, dest.sgid_index))
-		return EINVAL;
+		return refuse(EINVAL, "bad source GID index");
 	// The flow label is not checked: the kernel takes any value (UCX passes
 	// ~0 for "any"); only its 20 bits are kept.
 	if (dest.sl > 15)
-		return EINVAL;
+		return refuse(EINVAL, "service level over 15");
 	return 0;
 }
 
@@ -40,34 +40,34 @@ int check_attribute_values(const Device &dev, const ib_uverbs_modify_qp &cmd)
 	const uint32_t mask = cmd.attr_mask;
 	auto has = [mask](uint32_t bit) { return (mask & bit) != 0; };
 	if (has(IBV_QP_PKEY_INDEX) && cmd.pkey_index != 0)
-		return EINVAL;  // one P_Key
+		return refuse(EINVAL, "no such P_Key index");  // one P_Key
 	if (has(IBV_QP_PORT) && cmd.port_num != 1)
-		return EINVAL;
+		return refuse(EINVAL, "no such port");
 	if (has(IBV_QP_AV))
 		if (int err = check_path(dev, cmd.dest))
 			return err;
 	if (has(IBV_QP_ALT_PATH))
-		return EINVAL;  // no automatic path migration on RoCE (the kernel refuses it too)
+		return refuse(EINVAL, "alternate paths are not supported");  // no automatic path migration on RoCE (the kernel refuses it too)
 	if (has(IBV_QP_PATH_MTU) && (cmd.path_mtu < IBV_MTU_256 || cmd.path_mtu > IBV_MTU_4096))
-		return EINVAL;
+		return refuse(EINVAL, "bad path MTU");
 	if (has(IBV_QP_TIMEOUT) && cmd.timeout > 31)
-		return EINVAL;
+		return refuse(EINVAL, "timeout over 31");
 	if (has(IBV_QP_RETRY_CNT) && cmd.retry_cnt > 7)
-		return EINVAL;
+		return refuse(EINVAL, "retry_cnt over 7");
 	if (has(IBV_QP_RNR_RETRY) && cmd.rnr_retry > 7)
-		return EINVAL;
+		return refuse(EINVAL, "rnr_retry over 7");
 	if (has(IBV_QP_MIN_RNR_TIMER) && cmd.min_rnr_timer > 31)
-		return EINVAL;
+		return refuse(EINVAL, "min_rnr_timer over 31");
 	if (has(IBV_QP_MAX_QP_RD_ATOMIC) && cmd.max_rd_atomic > DeviceLimits::max_qp_rd_atom)
-		return EINVAL;
+		return refuse(EINVAL, "limit: max_rd_atomic over max_qp_rd_atom");
 	if (has(IBV_QP_MAX_DEST_RD_ATOMIC) && cmd.max_dest_rd_atomic > DeviceLimits::max_qp_rd_atom)
-		return EINVAL;
+		return refuse(EINVAL, "limit: max_dest_rd_atomic over max_qp_rd_atom");
 	if (has(IBV_QP_PATH_MIG_STATE) && cmd.path_mig_state > IBV_MIG_ARMED)
-		return EINVAL;
+		return refuse(EINVAL, "bad path migration state");
 	if (has(IBV_QP_DEST_QPN) && cmd.dest_qp_num > 0xffffff)
-		return EINVAL;
+		return refuse(EINVAL, "dest_qp_num over 24 bits");
 	if (has(IBV_QP_ACCESS_FLAGS) && (cmd.qp_access_flags & ~kQpAccessFlags))
-		return EINVAL;
+		return refuse(EINVAL, "unknown access flags");
 	return 0;
 }
 
@@ -168,7 +168,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 {
 	Qp *qp = lookup<Qp>(ctx, request.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	ib_uverbs_modify_qp cmd = request;
 	cmd.attr_mask = applicable_mask(qp->qp_type, request.attr_mask);
 	Device &dev = *ctx.device;
@@ -176,12 +176,12 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 	ibv_qp_state cur = qp_current_state(dev, *qp);
 	// IBTA: a current state the consumer names must be the actual one.
 	if ((mask & IBV_QP_CUR_STATE) && cmd.cur_qp_state != cur)
-		return EINVAL;
+		return refuse(EINVAL, "cur_qp_state is not the QP's state");
 	if ((mask & IBV_QP_STATE) && cmd.qp_state > IBV_QPS_ERR)
-		return EINVAL;
+		return refuse(EINVAL, "unknown qp_state");
 	auto next = (mask & IBV_QP_STATE) ? static_cast<ibv_qp_state>(cmd.qp_state) : cur;
 	if (!qp_modify_allowed(cur, next, static_cast<ibv_qp_type>(qp->qp_type), mask))
-		return EINVAL;
+		return refuse(EINVAL, "transition not allowed for the QP type, or wrong attr_mask for it");
 	if (int err = check_attribute_values(dev, cmd))
 		return err;
 
@@ -220,7 +220,7 @@ int cmd_modify_qp(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_modify_qp>(req.core);
 	if (cmd.attr_mask & ~kStandardAttrMask)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "unknown attr_mask bits");
 	if (int err = check_no_driver_data(req))
 		return err;
 	return modify_qp(ctx, cmd);
@@ -230,16 +230,16 @@ int cmd_ex_modify_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_modify_qp>(req.core);
 	if (cmd.base.attr_mask & ~(kStandardAttrMask | IBV_QP_RATE_LIMIT))
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "unknown attr_mask bits");
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	if (int err = check_no_driver_data(req))
 		return err;
 	// The response is optional; when asked for, it must fit before anything changes.
 	bool wants_response = req.response || req.resp_len;
 	ib_uverbs_ex_modify_qp_resp resp{};
 	if (wants_response && req.core_resp_len < sizeof(resp))
-		return ENOSPC;
+		return refuse(ENOSPC, "no room for the response");
 	if (int err = modify_qp(ctx, cmd.base))
 		return err;
 	if (!wants_response)

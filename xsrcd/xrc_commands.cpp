@@ -8,7 +8,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 
 namespace xsrc {
 namespace {
@@ -36,7 +36,7 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_open_xrcd>(req.core);
 	if (cmd.oflags & ~kKnownOflags)
-		return EINVAL;
+		return refuse(EINVAL, "unknown oflags");
 	if (int err = check_no_driver_data(req))
 		return err;
 	Device &dev = *ctx.device;
@@ -46,25 +46,25 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 	uint32_t xrcd_id = 0;  // 0: a new domain
 	if (cmd.fd != kNoFd) {
 		if (cmd.fd > INT32_MAX)
-			return EBADF;
+			return refuse(EBADF, "bad fd number");
 		file = unique_fd(caller.take_fd(static_cast<int>(cmd.fd)));
 		if (!file)
-			return EBADF;
+			return refuse(EBADF, "the caller has no such fd");
 		struct stat st;
 		if (fstat(file.get(), &st))
-			return EBADF;
+			return refuse(EBADF, "cannot stat the fd");
 		inode = std::pair{st.st_dev, st.st_ino};
 		auto it = dev.xrcds_by_inode.find(*inode);
 		if (it == dev.xrcds_by_inode.end() && !(cmd.oflags & O_CREAT))
-			return EAGAIN;
+			return refuse(EAGAIN, "no XRC domain for this file, and no O_CREAT");
 		if (it != dev.xrcds_by_inode.end() && (cmd.oflags & O_EXCL))
-			return EINVAL;
+			return refuse(EINVAL, "O_EXCL and the file has an XRC domain");
 		if (it != dev.xrcds_by_inode.end())
 			xrcd_id = it->second;
 	}
 	bool create = xrcd_id == 0;
 	if (create && dev.xrcds.size() >= DeviceLimits::max_xrcd)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_xrcd XRC domains on the device");
 	if (create)
 		xrcd_id = allocate_xrcd_id(dev);
 
@@ -96,9 +96,9 @@ int cmd_close_xrcd(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_close_xrcd>(req.core);
 	Xrcd *xrcd = lookup<Xrcd>(ctx, cmd.xrcd_handle);
 	if (!xrcd)
-		return EINVAL;
+		return refuse(EINVAL, "no such XRC domain handle");
 	if (xrcd->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	release_xrcd(ctx, cmd.xrcd_handle);
 	return 0;
 }

@@ -11,7 +11,7 @@
 // addresses, its fds are pipes (and a few regular files) made on first use.
 // Findings, besides what ASan/UBSan/LSan report:
 //  - a response byte written outside the room the command offered;
-//  - an errno outside 1..4095 from execute_command;
+//  - an errno outside 1..4095 from dispatch_command;
 //  - an fd, object, id, slot or arena page left behind once the context is
 //    destroyed.
 #include <dirent.h>
@@ -32,7 +32,7 @@
 
 #include "arena.h"
 #include "command_capture.h"
-#include "commands.h"
+#include "dispatcher.h"
 #include "device.h"
 #include "netdev.h"
 #include "objects.h"
@@ -367,11 +367,11 @@ void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> in
 			std::memcpy(command.data() + 8, &room, 8);
 		}
 		caller.begin(room, room_len, h.flags & capture::kCallerMapsAll, h.flags & capture::kFreshFds);
-		int err = execute_command(ctx, caller, command);
+		int err = dispatch_command(ctx, caller, command);
 		if (g_trace)
 			trace(command, err, caller.response());
 		if (err < 0 || err >= 4096)
-			finding("execute_command returned no errno");
+			finding("dispatch_command returned no errno");
 		return ++records < kMaxRecords;
 	});
 

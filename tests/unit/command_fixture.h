@@ -16,8 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
+#include "dispatcher.h"
 #include "device.h"
+#include "log.h"
 #include "xsrc-abi.h"
 #include "xsrc-qp-state.h"
 #include "xsrc-queues.h"
@@ -97,6 +98,8 @@ protected:
 		ctx.caller = std::make_unique<ProcessCaller>(getpid());
 		ASSERT_TRUE(ctx.caller->valid());
 		dev.contexts.push_back(&ctx);
+		// XSRC_DEBUG=1 build/bin/xsrcd_core_tests: every refusal on stderr.
+		set_debug_enabled(debug_requested_by_environment());
 	}
 	void TearDown() override { destroy_context_objects(ctx); }
 
@@ -120,7 +123,7 @@ protected:
 		std::memcpy(buf.data() + sizeof(hdr), &core, sizeof(Core));
 		if (!driver.empty())
 			std::memcpy(buf.data() + sizeof(hdr) + sizeof(Core), driver.data(), driver.size());
-		return execute_command(c, *c.caller, buf);
+		return dispatch_command(c, *c.caller, buf);
 	}
 
 	// An extended command; `driver_out` bytes of the response are driver data.
@@ -136,7 +139,7 @@ protected:
 		std::memcpy(buf.data(), &hdr, sizeof(hdr));
 		std::memcpy(buf.data() + sizeof(hdr), &ex, sizeof(ex));
 		std::memcpy(buf.data() + sizeof(hdr) + sizeof(ex), &core, sizeof(Core));
-		return execute_command(ctx, *ctx.caller, buf);
+		return dispatch_command(ctx, *ctx.caller, buf);
 	}
 
 	int get_context(xsrc_get_context_req &drv, xsrc_get_context_resp *dresp_out = nullptr,

@@ -1,11 +1,12 @@
 // Every command handler, by object, and the release functions teardown
-// uses. Each handler validates all of its input before it changes anything.
-// Internal to the command files; commands.cpp holds the dispatch tables.
+// uses. Each handler validates all of its input before it changes anything,
+// and gives the reason for a refusal through refuse() (dispatcher_request.h).
+// Internal to the command files; dispatcher.cpp holds the command tables.
 #pragma once
 
 #include <infiniband/verbs.h>
 
-#include "command_support.h"
+#include "dispatcher_request.h"
 
 namespace xsrc {
 
