@@ -3,13 +3,8 @@
 // context teardown leaving the arena's tables empty.
 #include "command_fixture.h"
 
-namespace xsrc {
+namespace xsrc::test {
 namespace {
-
-using test::CreatedQp;
-using test::Pipe;
-using test::QpSpec;
-using test::Resp;
 
 class SrqAhEventTest : public test::CommandFixture {
 protected:
@@ -368,4 +363,4 @@ TEST_F(SrqAhEventTest, TeardownEmptiesTheArenaTables)
 }
 
 }  // namespace
-}  // namespace xsrc
+}  // namespace xsrc::test
