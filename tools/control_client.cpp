@@ -10,6 +10,8 @@
 namespace xsrc::cli {
 
 static constexpr time_t kReplyTimeoutSeconds = 10;
+// How much of a reply it cannot parse an error message quotes.
+static constexpr size_t kQuotedReplyBytes = 200;
 
 static sockaddr_un socket_address(const fs::path &socket)
 {
@@ -89,7 +91,7 @@ std::string expect_ok(const ControlReply &reply)
 		return std::string(text.substr(3));
 	if (text.starts_with("error "))
 		throw CliError(std::string(text.substr(6)));
-	throw CliError("unexpected reply from xsrcd: '" + std::string(text.substr(0, 200)) + "'");
+	throw CliError("unexpected reply from xsrcd: '" + std::string(text.substr(0, kQuotedReplyBytes)) + "'");
 }
 
 }  // namespace xsrc::cli

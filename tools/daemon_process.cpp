@@ -134,11 +134,12 @@ std::string xsrcd_abi_argument(pid_t pid)
 
 bool wait_until(std::chrono::milliseconds timeout, const std::function<bool()> &done)
 {
+	constexpr auto kPollInterval = std::chrono::milliseconds(50);
 	auto deadline = std::chrono::steady_clock::now() + timeout;
 	while (!done()) {
 		if (std::chrono::steady_clock::now() >= deadline)
 			return done();
-		std::this_thread::sleep_for(std::chrono::milliseconds(50));
+		std::this_thread::sleep_for(kPollInterval);
 	}
 	return true;
 }

@@ -1,6 +1,7 @@
 // Address handles: kept per context for the UD data path; on RoCE every
 // address is a GID, so each AH carries a GRH with a valid source GID.
 #include "dispatcher_handlers.h"
+#include "ib_fields.h"
 
 namespace xsrc {
 
@@ -21,9 +22,9 @@ int cmd_create_ah(Context &ctx, Caller &caller, const Request &req)
 		return refuse(EINVAL, "non-zero reserved field");
 	if (a.port_num != 1 || !a.is_global || !valid_sgid_index(*ctx.device, a.grh.sgid_index))
 		return refuse(EINVAL, "address not on port 1, not global, or a bad source GID index");
-	if (a.sl > 15)
+	if (a.sl > ib::kMaxServiceLevel)
 		return refuse(EINVAL, "service level over 15");
-	a.grh.flow_label &= 0xfffff;  // any value is taken, as the kernel does; 20 bits are kept
+	a.grh.flow_label &= ib::kFlowLabelMask;  // any value is taken and masked, as the kernel does
 	if (int err = check_no_driver_data(req))
 		return err;
 	if (device_object_count<Ah>(*ctx.device) >= DeviceLimits::max_ah)

@@ -10,6 +10,9 @@
 namespace xsrc {
 namespace {
 
+// Channel pipes a context may register ahead (XSRC_CMD_CHANNEL_POOL).
+constexpr size_t kMaxPooledChannels = 4 * XSRC_MAX_CHANNEL_FDS;
+
 // Takes the daemon's copy of a pipe's write end after checking that `fds`
 // names the two ends of one pipe in the caller.
 int take_pipe(Caller &caller, const xsrc_fd_pair &fds, unique_fd &wr, unique_fd *rd = nullptr)
@@ -163,7 +166,7 @@ int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 	bool query_only = cmd.fds.rd_fd == XSRC_NO_FD && cmd.fds.wr_fd == XSRC_NO_FD;
 	unique_fd wr, rd;
 	if (!query_only) {
-		if (ctx.channel_pool.size() >= 4 * XSRC_MAX_CHANNEL_FDS)
+		if (ctx.channel_pool.size() >= kMaxPooledChannels)
 			return refuse(EMFILE, "limit: the channel pipe pool is full");
 		if (int err = take_pipe(caller, cmd.fds, wr, &rd))
 			return err;

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,15 @@
 #include "daemon.h"
 
 namespace xsrc {
+namespace {
+
+constexpr int kListenBacklog = 16;
+// A client that never speaks must not stall the control thread.
+constexpr timeval kClientTimeout{5, 0};
+// How much of an unknown request the error reply quotes.
+constexpr size_t kQuotedRequestBytes = 64;
+
+}  // namespace
 
 ControlServer::ControlServer(Daemon &daemon, std::string socket_path, void (*on_shutdown)())
 	: daemon_(daemon), path_(std::move(socket_path)), on_shutdown_(on_shutdown)
@@ -53,7 +63,7 @@ int ControlServer::start()
 	mode_t old = umask(077);  // root only: the socket creates and removes devices
 	int rc = bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
 	umask(old);
-	if (rc || listen(listen_fd_.get(), 16))
+	if (rc || listen(listen_fd_.get(), kListenBacklog))
 		return errno;
 	thread_ = std::thread([this] { serve(); });
 	return 0;
@@ -81,8 +91,7 @@ void ControlServer::serve()
 		unique_fd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
 		if (!conn)
 			continue;
-		timeval tv{5, 0};  // a client that never speaks must not stall us
-		setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &kClientTimeout, sizeof(kClientTimeout));
 		ssize_t n = recv(conn.get(), buf.data(), buf.size() - 1, 0);
 		bool shutdown = false;
 		if (n > 0) {
@@ -126,7 +135,7 @@ std::string ControlServer::handle(const std::string &request, bool &shutdown)
 		shutdown = true;
 		return "ok";
 	}
-	return "error unknown request '" + request.substr(0, 64) + "'";
+	return "error unknown request '" + request.substr(0, kQuotedRequestBytes) + "'";
 }
 
 }  // namespace xsrc

@@ -26,6 +26,8 @@ constexpr uint64_t kBounceBytes = 1u << 20;
 // How long an atomic waits for the device-wide lock before giving up
 // (EAGAIN: the requester retries), so that nobody can stall the daemon.
 constexpr auto kAtomicLockWait = std::chrono::milliseconds(100);
+// Spins between looks at the holder and the clock while waiting for it.
+constexpr unsigned kAtomicLockSpins = 1024;
 
 bool is_atomic(uint32_t op)
 {
@@ -249,7 +251,7 @@ public:
 				held_ = true;
 				return;
 			}
-			if (spins % 1024 == 1023) {
+			if (spins % kAtomicLockSpins == kAtomicLockSpins - 1) {
 				// A holder that died is taken over, as the providers do.
 				if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
 				    lock.compare_exchange_strong(holder, me, std::memory_order_acquire)) {

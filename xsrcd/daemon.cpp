@@ -18,11 +18,16 @@
 namespace xsrc {
 namespace {
 
+// IB_DEVICE_NAME_MAX (64) with its terminating NUL.
+constexpr size_t kMaxDeviceNameLength = 63;
+// Owner exits handled per wake-up of the control thread; more wait for the next.
+constexpr int kOwnerExitsPerWake = 16;
+
 // The provider claims devices by name ("rdma_device:*Nxsrc*" in its match
 // table): a device that does not start with "xsrc" would have no provider.
 bool valid_device_name(const std::string &name)
 {
-	if (name.size() > 63 || !name.starts_with("xsrc"))
+	if (name.size() > kMaxDeviceNameLength || !name.starts_with("xsrc"))
 		return false;
 	return std::all_of(name.begin(), name.end(), [](char c) {
 		return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
@@ -311,8 +316,8 @@ void Daemon::stop_watching_owner(Context &ctx)
 
 void Daemon::owner_exits()
 {
-	epoll_event events[16];
-	int n = epoll_wait(owner_watch_.get(), events, 16, 0);
+	epoll_event events[kOwnerExitsPerWake];
+	int n = epoll_wait(owner_watch_.get(), events, kOwnerExitsPerWake, 0);
 	for (int i = 0; i < n; ++i)
 		on_owner_exit(events[i].data.u64);
 }

@@ -301,10 +301,16 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 	return 0;
 }
 
+// The kernel's cross-channel create flags (enum ib_qp_create_flags), which
+// libibverbs has no names for.
+constexpr uint32_t kCreateCrossChannel = 1u << 2;
+constexpr uint32_t kCreateManagedSend = 1u << 3;
+constexpr uint32_t kCreateManagedRecv = 1u << 4;
+
 // Create flags the kernel knows (enum ib_qp_create_flags, as far as the
 // write ABI passes them); none of them is supported here.
 constexpr uint32_t kKnownCreateFlags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB |
-				       (1u << 2) | (1u << 3) | (1u << 4) |  // cross-channel
+				       kCreateCrossChannel | kCreateManagedSend | kCreateManagedRecv |
 				       IBV_QP_CREATE_SCATTER_FCS | IBV_QP_CREATE_CVLAN_STRIPPING |
 				       IBV_QP_CREATE_SOURCE_QPN | IBV_QP_CREATE_PCI_WRITE_END_PADDING;
 

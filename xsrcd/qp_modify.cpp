@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "dispatcher_handlers.h"
+#include "ib_fields.h"
 #include "qp_state.h"
 #include "rings.h"
 #include "xsrc-qp-state.h"
@@ -18,8 +19,6 @@ constexpr uint32_t kRemoteAccess =
 // Applications commonly pass LOCAL_WRITE among a QP's access flags and the
 // kernel accepts it; it means nothing for a QP and is not published.
 constexpr uint32_t kQpAccessFlags = kRemoteAccess | IBV_ACCESS_LOCAL_WRITE;
-constexpr uint32_t kPsnMask = 0xffffff;
-constexpr uint32_t kFlowLabelMask = 0xfffff;
 
 // A path: RoCE addresses by GID, so a GRH is mandatory.
 int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
@@ -30,7 +29,7 @@ int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
 		return refuse(EINVAL, "bad source GID index");
 	// The flow label is not checked: the kernel takes any value (UCX passes
 	// ~0 for "any"); only its 20 bits are kept.
-	if (dest.sl > 15)
+	if (dest.sl > ib::kMaxServiceLevel)
 		return refuse(EINVAL, "service level over 15");
 	return 0;
 }
@@ -46,17 +45,17 @@ int check_attribute_values(const Device &dev, const ib_uverbs_modify_qp &cmd)
 	if (has(IBV_QP_AV))
 		if (int err = check_path(dev, cmd.dest))
 			return err;
-	if (has(IBV_QP_ALT_PATH))
-		return refuse(EINVAL, "alternate paths are not supported");  // no automatic path migration on RoCE (the kernel refuses it too)
+	if (has(IBV_QP_ALT_PATH))  // no automatic path migration on RoCE (the kernel refuses it too)
+		return refuse(EINVAL, "alternate paths are not supported");
 	if (has(IBV_QP_PATH_MTU) && (cmd.path_mtu < IBV_MTU_256 || cmd.path_mtu > IBV_MTU_4096))
 		return refuse(EINVAL, "bad path MTU");
-	if (has(IBV_QP_TIMEOUT) && cmd.timeout > 31)
+	if (has(IBV_QP_TIMEOUT) && cmd.timeout > ib::kMaxAckTimeout)
 		return refuse(EINVAL, "timeout over 31");
-	if (has(IBV_QP_RETRY_CNT) && cmd.retry_cnt > 7)
+	if (has(IBV_QP_RETRY_CNT) && cmd.retry_cnt > ib::kMaxRetryCount)
 		return refuse(EINVAL, "retry_cnt over 7");
-	if (has(IBV_QP_RNR_RETRY) && cmd.rnr_retry > 7)
+	if (has(IBV_QP_RNR_RETRY) && cmd.rnr_retry > ib::kMaxRnrRetry)
 		return refuse(EINVAL, "rnr_retry over 7");
-	if (has(IBV_QP_MIN_RNR_TIMER) && cmd.min_rnr_timer > 31)
+	if (has(IBV_QP_MIN_RNR_TIMER) && cmd.min_rnr_timer > ib::kMaxMinRnrTimer)
 		return refuse(EINVAL, "min_rnr_timer over 31");
 	if (has(IBV_QP_MAX_QP_RD_ATOMIC) && cmd.max_rd_atomic > DeviceLimits::max_qp_rd_atom)
 		return refuse(EINVAL, "limit: max_rd_atomic over max_qp_rd_atom");
@@ -64,7 +63,7 @@ int check_attribute_values(const Device &dev, const ib_uverbs_modify_qp &cmd)
 		return refuse(EINVAL, "limit: max_dest_rd_atomic over max_qp_rd_atom");
 	if (has(IBV_QP_PATH_MIG_STATE) && cmd.path_mig_state > IBV_MIG_ARMED)
 		return refuse(EINVAL, "bad path migration state");
-	if (has(IBV_QP_DEST_QPN) && cmd.dest_qp_num > 0xffffff)
+	if (has(IBV_QP_DEST_QPN) && cmd.dest_qp_num > ib::kMaxQpn)
 		return refuse(EINVAL, "dest_qp_num over 24 bits");
 	if (has(IBV_QP_ACCESS_FLAGS) && (cmd.qp_access_flags & ~kQpAccessFlags))
 		return refuse(EINVAL, "unknown access flags");
@@ -77,14 +76,14 @@ void apply_attributes(QpAttributes &a, const ib_uverbs_modify_qp &cmd)
 	auto has = [mask](uint32_t bit) { return (mask & bit) != 0; };
 	if (has(IBV_QP_AV)) {
 		a.dest = cmd.dest;
-		a.dest.flow_label &= kFlowLabelMask;
+		a.dest.flow_label &= ib::kFlowLabelMask;
 	}
 	if (has(IBV_QP_QKEY))
 		a.qkey = cmd.qkey;
 	if (has(IBV_QP_RQ_PSN))
-		a.rq_psn = cmd.rq_psn & kPsnMask;  // as the kernel does: masked, not refused
+		a.rq_psn = cmd.rq_psn & ib::kPsnMask;  // as the kernel does: masked, not refused
 	if (has(IBV_QP_SQ_PSN))
-		a.sq_psn = cmd.sq_psn & kPsnMask;
+		a.sq_psn = cmd.sq_psn & ib::kPsnMask;
 	if (has(IBV_QP_DEST_QPN))
 		a.dest_qp_num = cmd.dest_qp_num;
 	if (has(IBV_QP_ACCESS_FLAGS))
