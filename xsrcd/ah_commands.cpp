@@ -31,7 +31,7 @@ int cmd_create_ah(Context &ctx, Caller &caller, const Request &req)
 		return refuse(ENOMEM, "limit: max_ah address handles on the device");
 
 	ib_uverbs_create_ah_resp resp{};
-	if (int err = insert_object(ctx, Ah{cmd.user_handle, cmd.pd_handle, a}, resp.ah_handle))
+	if (int err = insert_object(ctx, Ah{cmd.user_handle, PdHandle(cmd.pd_handle), a}, resp.ah_handle))
 		return err;
 	if (int err = respond(caller, req, as_bytes_of(resp))) {
 		erase_object(ctx, resp.ah_handle);

@@ -62,7 +62,7 @@ struct Target {
 const Mr *find_mr(Device &dev, Context &owner, uint32_t key)
 {
 	auto it = dev.mrs_by_index.find(key >> 8);
-	if (it == dev.mrs_by_index.end() || it->second->lkey != key)
+	if (it == dev.mrs_by_index.end() || it->second->lkey != Lkey(key))  // an rkey is its lkey
 		return nullptr;
 	for (auto &[handle, obj] : owner.objects)
 		if (const Mr *mr = std::get_if<Mr>(&obj); mr == it->second)
@@ -70,10 +70,11 @@ const Mr *find_mr(Device &dev, Context &owner, uint32_t key)
 	return nullptr;  // another context's MR
 }
 
-uint32_t pd_id_of(Context &ctx, std::optional<uint32_t> pd_handle)
+// The PD's device-wide id; PdId() (0) when there is none.
+PdId pd_id_of(Context &ctx, std::optional<PdHandle> pd_handle)
 {
 	const Pd *pd = pd_handle ? lookup<Pd>(ctx, *pd_handle) : nullptr;
-	return pd ? pd->pd_id : 0;
+	return pd ? pd->pd_id : PdId();
 }
 
 // Resolves the peer side: 0 with `t` filled, or the status (EACCES, ESRCH)
@@ -95,12 +96,12 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	// connected to, and it must be connected back: our own record of both,
 	// set by MODIFY_QP, as the data path checks the arena's copy.
 	if (own.qp_type != IBV_QPT_UD &&
-	    (own.attributes().dest_qp_num != cmd.peer_qpn || peer->attributes().dest_qp_num != own.qpn()))
+	    (own.attributes().dest_qp_num != cmd.peer_qpn || peer->attributes().dest_qp_num != own.qpn().value()))
 		return EACCES;
 
 	// Whose PD the key must be of, and in which context its MR lives.
 	Context *owner = ref.ctx;
-	uint32_t pd_id = 0;
+	PdId pd_id;
 	if (peer->qp_type == IBV_QPT_XRC_RECV) {
 		if (cmd.peer_srqn < XSRC_SRQN_BASE)
 			return EACCES;
@@ -117,11 +118,11 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	} else if (cmd.key_kind == XSRC_COPY_LKEY && peer->srq_handle) {
 		// Receive buffers of a QP on an SRQ are the SRQ's.
 		const Srq *srq = lookup<Srq>(*owner, *peer->srq_handle);
-		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : 0;
+		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : PdId();
 	} else {
 		pd_id = pd_id_of(*owner, peer->pd_handle);
 	}
-	if (!pd_id)
+	if (pd_id == PdId())
 		return EACCES;
 
 	uint32_t need;

@@ -20,6 +20,7 @@
 
 #include "arena.h"
 #include "common/fd.h"
+#include "common/ids.h"
 #include "caller.h"
 #include "netdev.h"
 #include "sysfs_view.h"
@@ -56,22 +57,25 @@ static_assert(DeviceLimits::max_mr < XSRC_MR_TABLE_LEN);
 static_assert(DeviceLimits::max_sge <= XSRC_MAX_RECV_SGE);
 static_assert(DeviceLimits::max_msg_size == XSRC_MAX_MSG_SIZE);
 
-// Per-object bookkeeping. Handles (uint32_t) name objects of the same
-// context; the arena holds what other processes need to see.
+// Per-object bookkeeping. Handles (uint32_t, as on the wire; PdHandle where
+// an object keeps its PD's) name objects of the same context; the ids
+// (common/ids.h) are device-wide. The arena holds what other processes need
+// to see.
 
 struct Pd {
-	uint32_t pd_id = 0;      // device-wide, as in the arena tables
+	PdId pd_id;              // device-wide, as in the arena tables
 	uint32_t use_count = 0;  // MRs, QPs, SRQs, AHs on this PD
 };
 
 struct Mr {
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	uint64_t addr = 0;
 	uint64_t length = 0;
 	uint64_t iova = 0;
 	uint32_t access = 0;
-	uint32_t lkey = 0;
-	uint32_t rkey = 0;
+	Lkey lkey;
+	Rkey rkey;
+	uint32_t index() const { return lkey.value() >> 8; }  // in the MR table (the key's salt is below)
 };
 
 struct Cq {
@@ -131,7 +135,7 @@ struct ObjectRef {
 // QP lives until the last of them goes. What belongs to the QP rather than
 // to a handle lives here.
 struct XrcTgtQp {
-	uint32_t xrcd_id = 0;            // its domain
+	XrcdId xrcd_id;                  // its domain
 	QpAttributes attr;               // MODIFY_QP through any handle sets them
 	std::vector<ObjectRef> holders;  // every handle, oldest first
 };
@@ -142,7 +146,7 @@ struct Qp {
 	uint64_t user_handle = 0;
 	uint8_t qp_type = 0;         // enum ibv_qp_type
 	bool sq_sig_all = false;
-	std::optional<uint32_t> pd_handle;
+	std::optional<PdHandle> pd_handle;
 	std::optional<uint32_t> send_cq_handle;
 	std::optional<uint32_t> recv_cq_handle;
 	std::optional<uint32_t> srq_handle;
@@ -154,14 +158,14 @@ struct Qp {
 	QpAttributes attr;           // unused for XRC receive QPs (see attributes())
 	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
-	uint32_t qpn() const { return XSRC_QPN_BASE + index; }
+	Qpn qpn() const { return Qpn(XSRC_QPN_BASE + index); }
 	QpAttributes &attributes() { return shared ? shared->attr : attr; }
 	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
 };
 
 struct Srq {
 	uint64_t user_handle = 0;
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	uint32_t srq_type = 0;       // enum ibv_srq_type
 	std::optional<uint32_t> xrcd_handle;  // XRC SRQs: their domain
 	std::optional<uint32_t> cq_handle;    // XRC SRQs: where their receives complete
@@ -171,19 +175,19 @@ struct Srq {
 	uint32_t max_sge = 0;
 	uint32_t use_count = 0;      // QPs receiving through it
 	uint32_t events_reported = 0;
-	uint32_t srqn() const { return XSRC_SRQN_BASE + index; }
+	Srqn srqn() const { return Srqn(XSRC_SRQN_BASE + index); }
 };
 
 struct Ah {
 	uint64_t user_handle = 0;
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	ib_uverbs_ah_attr attr{};
 };
 
 // A context's handle on an XRC domain (OPEN_XRCD). Every OPEN gives a new
 // handle, even on a domain the context already holds.
 struct Xrcd {
-	uint32_t xrcd_id = 0;    // device-wide, as in the arena tables
+	XrcdId xrcd_id;          // device-wide, as in the arena tables
 	uint32_t use_count = 0;  // XRC SRQs and XRC receive QP handles through it
 };
 
@@ -261,7 +265,7 @@ struct Device {
 	std::map<uint32_t, Mr *> mrs_by_index;  // device-wide MR table (lkey/rkey >> 8)
 
 	uint32_t next_pd_id = 1;
-	std::set<uint32_t> pd_ids;              // in use
+	std::set<PdId> pd_ids;                  // in use
 	SlotTable qp_slots{XSRC_QP_TABLE_LEN};
 	SlotTable srq_slots{XSRC_SRQ_TABLE_LEN};
 	std::map<uint64_t, ObjectRef> cqs_by_ring;  // every ring of every CQ -> its CQ
@@ -274,19 +278,28 @@ struct Device {
 		uint32_t handles = 0;                          // Xrcd objects in all contexts
 	};
 	uint32_t next_xrcd_id = 1;
-	std::map<uint32_t, XrcDomain> xrcds;                       // by xrcd_id
-	std::map<std::pair<dev_t, ino_t>, uint32_t> xrcds_by_inode;
+	std::map<XrcdId, XrcDomain> xrcds;                         // by xrcd_id
+	std::map<std::pair<dev_t, ino_t>, XrcdId> xrcds_by_inode;
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };
 
 // --- a context's object table ---------------------------------------------
 
+// The object of type T under `handle`, or null.
 template <typename T>
 T *lookup(Context &ctx, uint32_t handle)
 {
 	auto it = ctx.objects.find(handle);
 	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
+}
+
+// A PD through the handle another object keeps of it.
+template <typename T>
+	requires std::is_same_v<T, Pd>
+T *lookup(Context &ctx, PdHandle handle)
+{
+	return lookup<T>(ctx, handle.value());
 }
 
 // The index of T among the Object alternatives.

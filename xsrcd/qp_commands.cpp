@@ -141,15 +141,15 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 {
 	xsrc_qp_entry &e = ctx.device->arena->qp_entry(qp.index);
 	clear_qp_entry(e);
-	e.qpn = qp.qpn();
+	e.qpn = qp.qpn().value();
 	++e.generation;
 	e.owner_pid = static_cast<__u32>(ctx.owner);
 	e.owner_context = ctx.id;
 	e.qp_type = qp.qp_type;
 	e.sq_sig_all = qp.sq_sig_all;
-	e.pd_id = links.pd ? links.pd->pd_id : 0;
-	e.srqn = links.srq ? links.srq->srqn() : 0;
-	e.xrcd_id = links.xrcd ? links.xrcd->xrcd_id : 0;
+	e.pd_id = links.pd ? links.pd->pd_id.value() : 0;
+	e.srqn = links.srq ? links.srq->srqn().value() : 0;
+	e.xrcd_id = links.xrcd ? links.xrcd->xrcd_id.value() : 0;
 	e.rq_off = qp.rq_off;
 	e.send_cq_off = links.send_cq ? links.send_cq->ring_off : 0;
 	e.recv_cq_off = links.recv_cq ? links.recv_cq->ring_off : 0;
@@ -180,7 +180,7 @@ Qp new_qp(const QpInit &init, const QpLinks &links)
 	qp.qp_type = init.qp_type;
 	qp.sq_sig_all = init.sq_sig_all;
 	if (links.pd)
-		qp.pd_handle = init.pd_handle;
+		qp.pd_handle = PdHandle(init.pd_handle);
 	if (links.send_cq)
 		qp.send_cq_handle = init.send_cq_handle;
 	if (links.recv_cq)
@@ -208,7 +208,7 @@ void hand_over(Device &dev, const Qp &qp)
 
 // Drops a QP's reference on an object it links to.
 template <typename T>
-void unuse(Context &ctx, const std::optional<uint32_t> &handle)
+void unuse(Context &ctx, const auto &handle)
 {
 	if (handle)
 		if (T *obj = lookup<T>(ctx, *handle))
@@ -231,7 +231,7 @@ int respond_created_qp(Caller &caller, const Request &req, uint32_t handle, cons
 {
 	ib_uverbs_ex_create_qp_resp resp{};
 	resp.base.qp_handle = handle;
-	resp.base.qpn = qp.qpn();
+	resp.base.qpn = qp.qpn().value();
 	resp.base.max_send_wr = qp.caps.max_send_wr;
 	resp.base.max_recv_wr = qp.caps.max_recv_wr;
 	resp.base.max_send_sge = qp.caps.max_send_sge;

@@ -28,11 +28,11 @@ void publish_srq(Context &ctx, const Srq &srq, const Pd &pd, const Cq *cq, const
 	e.owner_context = ctx.id;
 	e.ring_off = srq.ring_off;
 	e.cq_off = cq ? cq->ring_off : 0;
-	e.pd_id = pd.pd_id;
-	e.xrcd_id = xrcd ? xrcd->xrcd_id : 0;
+	e.pd_id = pd.pd_id.value();
+	e.xrcd_id = xrcd ? xrcd->xrcd_id.value() : 0;
 	e.srq_type = srq.srq_type;
 	e.reserved = 0;
-	store_release<__u32>(e.srqn, srq.srqn());  // last: the entry is complete
+	store_release<__u32>(e.srqn, srq.srqn().value());  // last: the entry is complete
 }
 
 // Shared by CREATE_SRQ and CREATE_XSRQ (basic and XRC SRQs). The SRQ limit
@@ -65,7 +65,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 
 	Srq srq;
 	srq.user_handle = init.user_handle;
-	srq.pd_handle = init.pd_handle;
+	srq.pd_handle = PdHandle(init.pd_handle);
 	srq.srq_type = init.srq_type;
 	if (xrcd) {
 		srq.xrcd_handle = init.xrcd_handle;
@@ -97,7 +97,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	resp.srq_handle = handle;
 	resp.max_wr = created.max_wr;
 	resp.max_sge = created.max_sge;
-	resp.srqn = created.srqn();
+	resp.srqn = created.srqn().value();
 	xsrc_create_srq_resp dresp{};
 	dresp.ring_off = ring_off;
 	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp))) {

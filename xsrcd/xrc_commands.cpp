@@ -19,13 +19,13 @@ constexpr uint32_t kNoFd = 0xffffffffu;
 constexpr uint32_t kKnownOflags = O_ACCMODE | O_CREAT | O_EXCL;
 
 // Ids count up and wrap, so that a freed id is not reused at once.
-uint32_t allocate_xrcd_id(Device &dev)
+XrcdId allocate_xrcd_id(Device &dev)
 {
 	uint32_t id = dev.next_xrcd_id;
-	while (id == 0 || dev.xrcds.count(id))
+	while (id == 0 || dev.xrcds.count(XrcdId(id)))
 		id = id == UINT32_MAX ? 1 : id + 1;
 	dev.next_xrcd_id = id == UINT32_MAX ? 1 : id + 1;
-	return id;
+	return XrcdId(id);
 }
 
 }  // namespace
@@ -43,7 +43,7 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 
 	std::optional<std::pair<dev_t, ino_t>> inode;
 	unique_fd file;
-	uint32_t xrcd_id = 0;  // 0: a new domain
+	XrcdId xrcd_id;  // XrcdId() (0): a new domain
 	if (cmd.fd != kNoFd) {
 		if (cmd.fd > INT32_MAX)
 			return refuse(EBADF, "bad fd number");
@@ -62,7 +62,7 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 		if (it != dev.xrcds_by_inode.end())
 			xrcd_id = it->second;
 	}
-	bool create = xrcd_id == 0;
+	bool create = xrcd_id == XrcdId();
 	if (create && dev.xrcds.size() >= DeviceLimits::max_xrcd)
 		return refuse(ENOMEM, "limit: max_xrcd XRC domains on the device");
 	if (create)

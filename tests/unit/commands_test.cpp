@@ -324,11 +324,11 @@ TEST_F(CommandsTest, PdsGetDeviceWideIds)
 	uint32_t pd1 = alloc_pd(&id1), pd2 = alloc_pd(&id2);
 	EXPECT_NE(id1, 0u);
 	EXPECT_NE(id1, id2);
-	EXPECT_EQ(std::get<Pd>(ctx.objects.at(pd1)).pd_id, id1);
+	EXPECT_EQ(std::get<Pd>(ctx.objects.at(pd1)).pd_id, PdId(id1));
 	EXPECT_EQ(dev.pd_ids.size(), 2u);
 	ib_uverbs_dealloc_pd dealloc{pd2};
 	ASSERT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), 0);
-	EXPECT_EQ(dev.pd_ids.count(id2), 0u);
+	EXPECT_EQ(dev.pd_ids.count(PdId(id2)), 0u);
 	uint32_t id3 = 0;
 	alloc_pd(&id3);
 	EXPECT_NE(id3, id2);  // not reused at once

@@ -519,7 +519,7 @@ TEST_F(QpCommandsTest, ObjectsInUseAreBusy)
 	ASSERT_EQ(create_qp(s, qp), 0);
 	EXPECT_EQ(qp.drv.rq_off, 0u);     // receives come from the SRQ
 	EXPECT_EQ(qp.core.max_recv_wr, 0u);
-	EXPECT_EQ(qp_entry(qp.qpn).srqn, std::get<Srq>(ctx.objects.at(srq)).srqn());
+	EXPECT_EQ(qp_entry(qp.qpn).srqn, std::get<Srq>(ctx.objects.at(srq)).srqn().value());
 
 	ib_uverbs_dealloc_pd dealloc{pd0};
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), EBUSY);

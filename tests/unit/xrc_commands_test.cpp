@@ -109,7 +109,7 @@ protected:
 	{
 		auto it = c.objects.find(handle);
 		const Xrcd *x = it == c.objects.end() ? nullptr : std::get_if<Xrcd>(&it->second);
-		return x ? x->xrcd_id : 0;
+		return x ? x->xrcd_id.value() : 0;
 	}
 
 	int create_xsrq(Context &c, uint32_t pd, uint32_t xrcd, uint32_t cq, uint32_t &handle,
