@@ -122,8 +122,9 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 		return refuse(EINVAL, "limit: cqe is 0 or over max_cqe");
 	Arena &arena = *ctx.device->arena;
 	xsrc_cq_ring &ring = arena.at<xsrc_cq_ring>(cq->ring_off);
+	// Would drop completions the owner has not polled.
 	if (cmd.cqe < cq_ring_pending(ring))
-		return refuse(EINVAL, "fewer entries than completions pending");  // would drop completions the owner has not polled
+		return refuse(EINVAL, "fewer entries than completions pending");
 	bool moves = uint64_t(cmd.cqe) + 1 > ring.num_entries;
 	uint64_t new_off = moves ? create_cq_ring(ctx, cmd.cqe) : cq->ring_off;
 	if (!new_off)

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "dispatcher_handlers.h"
@@ -22,7 +23,8 @@ struct CommandSpec {
 };
 
 template <typename T>
-constexpr CommandSpec spec(const char *name, Handler h, bool has_response, size_t min_core_size = sizeof(T))
+constexpr CommandSpec spec(const char *name, Handler h, bool has_response,
+			 size_t min_core_size = sizeof(T))
 {
 	return {name, h, sizeof(T), min_core_size, has_response};
 }
@@ -107,10 +109,10 @@ const CommandTable &ex_commands()
 			spec<ib_uverbs_ex_create_cq>("EX_CREATE_CQ", cmd_ex_create_cq, true);
 		// As the kernel: the fields after comp_mask (create) and after the
 		// base struct (modify) came later and may be missing.
-		t[IB_USER_VERBS_EX_CMD_CREATE_QP] = spec<ib_uverbs_ex_create_qp>("EX_CREATE_QP", 
-			cmd_ex_create_qp, true, offsetof(ib_uverbs_ex_create_qp, create_flags));
-		t[IB_USER_VERBS_EX_CMD_MODIFY_QP] = spec<ib_uverbs_ex_modify_qp>("EX_MODIFY_QP", 
-			cmd_ex_modify_qp, true, sizeof(ib_uverbs_modify_qp));
+		t[IB_USER_VERBS_EX_CMD_CREATE_QP] = spec<ib_uverbs_ex_create_qp>(
+			"EX_CREATE_QP", cmd_ex_create_qp, true, offsetof(ib_uverbs_ex_create_qp, create_flags));
+		t[IB_USER_VERBS_EX_CMD_MODIFY_QP] = spec<ib_uverbs_ex_modify_qp>(
+			"EX_MODIFY_QP", cmd_ex_modify_qp, true, sizeof(ib_uverbs_modify_qp));
 		return t;
 	}();
 	return table;

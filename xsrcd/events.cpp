@@ -72,8 +72,9 @@ int raise_srq_limit(Device &dev, uint64_t srqn)
 int raise_qp_event(Device &dev, uint64_t qpn, uint32_t kind)
 {
 	Found<Qp> qp = find_qp(dev, qpn);
+	// A QP in RESET does no work that could fail.
 	if (!qp || qp_current_state(dev, *qp.object) == IBV_QPS_RESET)
-		return refuse(EINVAL, "no QP with that number, or a QP in RESET");  // a QP in RESET does no work that could fail
+		return refuse(EINVAL, "no QP with that number, or a QP in RESET");
 	if (kind == XSRC_EVENT_QP_FATAL) {
 		qp_enter_error(*qp.owner, *qp.object);
 		post_qp_event(*qp.owner, *qp.object, IBV_EVENT_QP_FATAL);

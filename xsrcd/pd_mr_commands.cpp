@@ -104,8 +104,9 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
 		return refuse(EINVAL, "no such PD handle");
+	// Such as memory windows and on-demand paging.
 	if (cmd.access_flags & ~kSupportedAccess)
-		return refuse(EOPNOTSUPP, "unsupported access flags");  // memory windows, on-demand paging
+		return refuse(EOPNOTSUPP, "unsupported access flags");
 	// IBTA o10-37: remote write or atomic access requires local write.
 	if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
 	    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
@@ -123,7 +124,8 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 
 	uint32_t index = allocate_mr_index(dev);
 	uint32_t key = index << 8 | dev.key_salt++;
-	Mr mr{PdHandle(cmd.pd_handle), cmd.start, cmd.length, cmd.hca_va, cmd.access_flags, Lkey(key), Rkey(key)};
+	Mr mr{PdHandle(cmd.pd_handle), cmd.start, cmd.length, cmd.hca_va, cmd.access_flags,
+	      Lkey(key), Rkey(key)};
 	ib_uverbs_reg_mr_resp resp{};
 	if (int err = insert_object(ctx, mr, resp.mr_handle))
 		return err;

@@ -34,6 +34,7 @@
 #include "command_capture.h"
 #include "dispatcher.h"
 #include "device.h"
+#include "log.h"
 #include "netdev.h"
 #include "objects.h"
 
@@ -381,6 +382,14 @@ void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> in
 	std::erase(dev.contexts, &ctx);
 }
 
+// The debug line of every refusal is built, so that its code is fuzzed too;
+// with XSRC_FUZZ_TRACE=1 it is printed (it says which check refused).
+void debug_sink(std::string_view line)
+{
+	if (g_trace)
+		fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***)
@@ -392,6 +401,8 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
 	}
 	const char *trace_env = getenv("XSRC_FUZZ_TRACE");
 	g_trace = trace_env && *trace_env == '1';
+	set_log_sink(debug_sink);
+	set_debug_enabled(true);
 	const char *dir = getenv("XSRC_FUZZ_SHM_DIR");
 	g_arena_path = std::string(dir && *dir ? dir : "/dev/shm") + "/xsrc-fuzz-" + std::to_string(getpid());
 	return 0;
