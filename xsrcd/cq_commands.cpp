@@ -48,7 +48,7 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 		ctx.device->arena->release(ring_off);
 		return err;
 	}
-	ctx.device->cqs_by_ring[ring_off] = {&ctx, resp.base.cq_handle};
+	ctx.device->cqs_by_ring[ring_off] = {&ctx, ObjHandle(resp.base.cq_handle)};
 
 	resp.base.cqe = cqe;
 	xsrc_create_cq_resp dresp{};
@@ -148,7 +148,7 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 	store_release<__u32>(new_ring.armed, load_acquire(ring.armed));
 	cq->retired_rings.push_back(cq->ring_off);
 	cq->ring_off = new_off;
-	ctx.device->cqs_by_ring[new_off] = {&ctx, cmd.cq_handle};
+	ctx.device->cqs_by_ring[new_off] = {&ctx, ObjHandle(cmd.cq_handle)};
 	repoint_queues(ctx, cmd.cq_handle, new_off);
 	return 0;
 }

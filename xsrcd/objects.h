@@ -125,7 +125,7 @@ struct Context;
 // Names an object of some context of a device (device-wide tables).
 struct ObjectRef {
 	Context *ctx = nullptr;
-	uint32_t handle = 0;
+	ObjHandle handle;
 	explicit operator bool() const { return ctx != nullptr; }
 	bool operator==(const ObjectRef &) const = default;
 };
@@ -292,6 +292,13 @@ T *lookup(Context &ctx, uint32_t handle)
 {
 	auto it = ctx.objects.find(handle);
 	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
+}
+
+// The object a device-wide table names (ObjectRef::handle).
+template <typename T>
+T *lookup(Context &ctx, ObjHandle handle)
+{
+	return lookup<T>(ctx, handle.value());
 }
 
 // A PD through the handle another object keeps of it.

@@ -270,7 +270,7 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 		dev.arena->release(qp.rq_off);
 		return err;
 	}
-	std::optional<uint32_t> index = dev.qp_slots.allocate({&ctx, handle});
+	std::optional<uint32_t> index = dev.qp_slots.allocate({&ctx, ObjHandle(handle)});
 	if (!index) {
 		erase_object(ctx, handle);
 		dev.arena->release(qp.rq_off);
@@ -289,7 +289,7 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 	if (links.xrcd) {
 		created.shared = std::make_shared<XrcTgtQp>();
 		created.shared->xrcd_id = links.xrcd->xrcd_id;
-		created.shared->holders.push_back({&ctx, handle});
+		created.shared->holders.push_back({&ctx, ObjHandle(handle)});
 		++links.xrcd->use_count;
 	}
 
@@ -395,7 +395,7 @@ void release_qp(Context &ctx, uint32_t handle)
 		return;
 	bool last = true;
 	if (qp->shared) {
-		std::erase(qp->shared->holders, ObjectRef{&ctx, handle});
+		std::erase(qp->shared->holders, ObjectRef{&ctx, ObjHandle(handle)});
 		last = qp->shared->holders.empty();
 		if (!last && ctx.device)
 			hand_over(*ctx.device, *qp);
@@ -441,7 +441,7 @@ int cmd_open_qp(Context &ctx, Caller &caller, const Request &req)
 	if (int err = insert_object(ctx, std::move(qp), handle))
 		return err;
 	Qp &opened = *lookup<Qp>(ctx, handle);
-	opened.shared->holders.push_back({&ctx, handle});
+	opened.shared->holders.push_back({&ctx, ObjHandle(handle)});
 	++xrcd->use_count;
 	if (int err = respond_created_qp(caller, req, handle, opened, false)) {
 		release_qp(ctx, handle);

@@ -79,7 +79,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 		dev.arena->release(ring_off);
 		return err;
 	}
-	std::optional<uint32_t> index = dev.srq_slots.allocate({&ctx, handle});
+	std::optional<uint32_t> index = dev.srq_slots.allocate({&ctx, ObjHandle(handle)});
 	if (!index) {
 		erase_object(ctx, handle);
 		dev.arena->release(ring_off);

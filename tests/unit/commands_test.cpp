@@ -378,7 +378,7 @@ TEST_F(CommandsTest, CqRingsAreLaidOutForTheDataPath)
 	auto *slots = reinterpret_cast<xsrc_cqe *>(&ring + 1);
 	for (uint32_t i = 0; i < ring.num_entries; ++i)
 		ASSERT_EQ(slots[i].seq, i);
-	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, ObjHandle(cq));
 
 	uint32_t small, big;
 	uint64_t small_off = 0, big_off = 0;
@@ -430,8 +430,8 @@ TEST_F(CommandsTest, ResizeCqInPlaceOrToANewRing)
 	EXPECT_EQ(moved.cqe, 1000u);
 	EXPECT_EQ(moved.armed, uint32_t(XSRC_CQ_ARMED_NEXT));  // an armed CQ stays armed
 	EXPECT_TRUE(arena().allocated(off));  // the owner still drains the old ring
-	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
-	EXPECT_EQ(dev.cqs_by_ring.at(got).handle, cq);
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, ObjHandle(cq));
+	EXPECT_EQ(dev.cqs_by_ring.at(got).handle, ObjHandle(cq));
 	EXPECT_EQ(resize(0, got), EINVAL);
 	EXPECT_EQ(resize(DeviceLimits::max_cqe + 1, got), EINVAL);
 
