@@ -1,5 +1,5 @@
-// What the xsrc CLI's translation units share: the run directory layout, an
-// owned fd, and the one way a command fails.
+// What the xsrc CLI's translation units share: the run directory layout, and
+// the one way a command fails.
 #pragma once
 
 #include <unistd.h>
@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "common/fd.h"
 #include "control_protocol.h"
 
 namespace xsrc::cli {
@@ -31,20 +32,6 @@ private:
 };
 
 std::string errno_text(int err);
-
-class UniqueFd {
-public:
-	UniqueFd() = default;
-	explicit UniqueFd(int fd) : fd_(fd) {}
-	UniqueFd(UniqueFd &&other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-	UniqueFd &operator=(UniqueFd other) noexcept { std::swap(fd_, other.fd_); return *this; }
-	~UniqueFd() { if (fd_ >= 0) ::close(fd_); }
-	int get() const { return fd_; }
-	explicit operator bool() const { return fd_ >= 0; }
-
-private:
-	int fd_ = -1;
-};
 
 // xsrcd's run directory (control_protocol.h) as an absolute path.
 struct RunDir {

@@ -10,6 +10,8 @@
 namespace xsrc::cli {
 
 static constexpr time_t kReplyTimeoutSeconds = 10;
+// How much of a reply it cannot parse an error message quotes.
+static constexpr size_t kQuotedReplyBytes = 200;
 
 static sockaddr_un socket_address(const fs::path &socket)
 {
@@ -22,10 +24,10 @@ static sockaddr_un socket_address(const fs::path &socket)
 	return addr;
 }
 
-static UniqueFd connect_to(const fs::path &socket)
+static unique_fd connect_to(const fs::path &socket)
 {
 	sockaddr_un addr = socket_address(socket);
-	UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+	unique_fd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
 	if (!sock)
 		throw CliError("socket: " + errno_text(errno));
 	timeval timeout{kReplyTimeoutSeconds, 0};
@@ -65,7 +67,7 @@ static std::string receive_reply(int sock)
 
 std::optional<ControlReply> control_request(const fs::path &socket, std::string_view request)
 {
-	UniqueFd sock = connect_to(socket);
+	unique_fd sock = connect_to(socket);
 	if (!sock)
 		return std::nullopt;
 	if (send(sock.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0)
@@ -89,7 +91,7 @@ std::string expect_ok(const ControlReply &reply)
 		return std::string(text.substr(3));
 	if (text.starts_with("error "))
 		throw CliError(std::string(text.substr(6)));
-	throw CliError("unexpected reply from xsrcd: '" + std::string(text.substr(0, 200)) + "'");
+	throw CliError("unexpected reply from xsrcd: '" + std::string(text.substr(0, kQuotedReplyBytes)) + "'");
 }
 
 }  // namespace xsrc::cli

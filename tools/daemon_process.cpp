@@ -52,16 +52,16 @@ fs::path xsrcd_executable()
 
 pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run, const std::string &abi)
 {
-	UniqueFd devnull(open("/dev/null", O_RDONLY | O_CLOEXEC));
+	unique_fd devnull(open("/dev/null", O_RDONLY | O_CLOEXEC));
 	if (!devnull)
 		throw CliError("cannot open /dev/null: " + errno_text(errno));
-	UniqueFd log(open(run.log().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+	unique_fd log(open(run.log().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
 	if (!log)
 		throw CliError("cannot open " + run.log().string() + ": " + errno_text(errno));
 	int pipe_fds[2];
 	if (pipe2(pipe_fds, O_CLOEXEC) != 0)
 		throw CliError("pipe: " + errno_text(errno));
-	UniqueFd report_read(pipe_fds[0]), report_write(pipe_fds[1]);
+	unique_fd report_read(pipe_fds[0]), report_write(pipe_fds[1]);
 
 	const std::string path = xsrcd.string(), rundir = run.dir.string();
 	const char *const argv[] = {path.c_str(), "--rundir", rundir.c_str(),
@@ -72,7 +72,7 @@ pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run, const std::string &a
 	if (pid == 0)
 		exec_detached(argv, devnull.get(), log.get(), report_write.get());
 
-	report_write = UniqueFd();
+	report_write = unique_fd();
 	int exec_errno = 0;
 	ssize_t n;
 	do
@@ -134,11 +134,12 @@ std::string xsrcd_abi_argument(pid_t pid)
 
 bool wait_until(std::chrono::milliseconds timeout, const std::function<bool()> &done)
 {
+	constexpr auto kPollInterval = std::chrono::milliseconds(50);
 	auto deadline = std::chrono::steady_clock::now() + timeout;
 	while (!done()) {
 		if (std::chrono::steady_clock::now() >= deadline)
 			return done();
-		std::this_thread::sleep_for(std::chrono::milliseconds(50));
+		std::this_thread::sleep_for(kPollInterval);
 	}
 	return true;
 }

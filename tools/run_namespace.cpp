@@ -71,7 +71,7 @@ void overlay_sys_class(const fs::path &view_class_dir)
 	// Nothing mounted from here on may propagate back to the host.
 	check(mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), "make / private");
 	// Opened in the new namespace: bind mounts only take sources from the caller's.
-	UniqueFd real_class(open(kSysClass, O_PATH | O_DIRECTORY | O_CLOEXEC));
+	unique_fd real_class(open(kSysClass, O_PATH | O_DIRECTORY | O_CLOEXEC));
 	check(real_class ? 0 : -1, std::string("open ") + kSysClass);
 	check(mount("xsrc", kSysClass, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755"),
 	      std::string("mount tmpfs on ") + kSysClass);

@@ -53,6 +53,10 @@ Commands:
 Options:
   --rundir DIR    xsrcd's run directory (default: $XSRC_RUNDIR, else /run/xsrc)
 
+Environment:
+  XSRC_DEBUG=1    passed on to the xsrcd that up starts: it logs each refused
+                  command, and why, to xsrcd.log in the run directory
+
 up, down and run must be run as root.
 Exit status: 0 success, 1 failure, 2 usage error, 3 xsrcd is not running (status).
 )usage";

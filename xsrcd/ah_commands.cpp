@@ -1,6 +1,7 @@
 // Address handles: kept per context for the UD data path; on RoCE every
 // address is a GID, so each AH carries a GRH with a valid source GID.
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
+#include "ib_fields.h"
 
 namespace xsrc {
 
@@ -15,22 +16,22 @@ int cmd_create_ah(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_create_ah>(req.core);
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
 	ib_uverbs_ah_attr a = cmd.attr;
 	if (cmd.reserved || a.reserved || a.grh.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	if (a.port_num != 1 || !a.is_global || !valid_sgid_index(*ctx.device, a.grh.sgid_index))
-		return EINVAL;
-	if (a.sl > 15)
-		return EINVAL;
-	a.grh.flow_label &= 0xfffff;  // any value is taken, as the kernel does; 20 bits are kept
+		return refuse(EINVAL, "address not on port 1, not global, or a bad source GID index");
+	if (a.sl > ib::kMaxServiceLevel)
+		return refuse(EINVAL, "service level over 15");
+	a.grh.flow_label &= ib::kFlowLabelMask;  // any value is taken and masked, as the kernel does
 	if (int err = check_no_driver_data(req))
 		return err;
 	if (device_object_count<Ah>(*ctx.device) >= DeviceLimits::max_ah)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_ah address handles on the device");
 
 	ib_uverbs_create_ah_resp resp{};
-	if (int err = insert_object(ctx, Ah{cmd.user_handle, cmd.pd_handle, a}, resp.ah_handle))
+	if (int err = insert_object(ctx, Ah{cmd.user_handle, PdHandle(cmd.pd_handle), a}, resp.ah_handle))
 		return err;
 	if (int err = respond(caller, req, as_bytes_of(resp))) {
 		erase_object(ctx, resp.ah_handle);
@@ -54,7 +55,7 @@ int cmd_destroy_ah(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_destroy_ah>(req.core);
 	if (!lookup<Ah>(ctx, cmd.ah_handle))
-		return EINVAL;
+		return refuse(EINVAL, "no such AH handle");
 	release_ah(ctx, cmd.ah_handle);
 	return 0;
 }

@@ -122,20 +122,20 @@ int Arena::create(const std::string &path, std::unique_ptr<Arena> &out, Clock::d
 	// A file left by a daemon that died: peers that still map it keep their
 	// (dead) copy; new contexts get a fresh inode.
 	::unlink(path.c_str());
-	int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-	if (fd < 0)
+	unique_fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+	if (!fd)
 		return errno;
 	int err = 0;
 	void *base = MAP_FAILED;
-	if (::fchmod(fd, 0666) < 0 || ::ftruncate(fd, XSRC_ARENA_SIZE) < 0)
+	if (::fchmod(fd.get(), 0666) < 0 || ::ftruncate(fd.get(), XSRC_ARENA_SIZE) < 0)
 		err = errno;
 	if (!err) {
-		base = ::mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		base = ::mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
 		if (base == MAP_FAILED)
 			err = errno;
 	}
 	if (err) {
-		::close(fd);
+		fd.reset();
 		::unlink(path.c_str());
 		return err;
 	}
@@ -148,15 +148,15 @@ int Arena::create(const std::string &path, std::unique_ptr<Arena> &out, Clock::d
 	header->srq_table_off = kLayout.srq_table_off;
 	header->atomic_locks_off = kLayout.atomic_locks_off;
 	header->magic = XSRC_ARENA_MAGIC;  // last: a mapped header with a magic is complete
-	out.reset(new Arena(path, fd, static_cast<unsigned char *>(base), kLayout.rings_off / kArenaPage,
+	out.reset(new Arena(path, std::move(fd), static_cast<unsigned char *>(base), kLayout.rings_off / kArenaPage,
 			    quarantine));
 	return 0;
 }
 
-Arena::Arena(std::string path, int fd, unsigned char *base, uint64_t first_ring_page,
+Arena::Arena(std::string path, unique_fd fd, unsigned char *base, uint64_t first_ring_page,
 	     Clock::duration quarantine)
 	: path_(std::move(path)),
-	  fd_(fd),
+	  fd_(std::move(fd)),
 	  base_(base),
 	  pages_(first_ring_page, XSRC_ARENA_SIZE / kArenaPage - first_ring_page, quarantine)
 {
@@ -165,7 +165,7 @@ Arena::Arena(std::string path, int fd, unsigned char *base, uint64_t first_ring_
 Arena::~Arena()
 {
 	::munmap(base_, XSRC_ARENA_SIZE);
-	::close(fd_);
+	fd_.reset();
 	::unlink(path_.c_str());
 }
 
@@ -187,7 +187,7 @@ xsrc_srq_entry &Arena::srq_entry(uint32_t index)
 // Punching a hole frees the pages and makes every mapping read zeros.
 void Arena::zero(uint64_t off, uint64_t bytes)
 {
-	if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+	if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
 			static_cast<off_t>(bytes)) < 0)
 		std::memset(base_ + off, 0, bytes);
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fd.h"
 #include "xsrc-queues.h"
 
 namespace xsrc {
@@ -94,12 +95,12 @@ public:
 	size_t allocation_count() const { return allocations_.size(); }
 
 private:
-	Arena(std::string path, int fd, unsigned char *base, uint64_t first_ring_page,
+	Arena(std::string path, unique_fd fd, unsigned char *base, uint64_t first_ring_page,
 	      Clock::duration quarantine);
 	void zero(uint64_t off, uint64_t bytes);
 
 	std::string path_;
-	int fd_;
+	unique_fd fd_;
 	unsigned char *base_;
 	PageAllocator pages_;
 	std::map<uint64_t, uint64_t> allocations_;  // offset -> pages

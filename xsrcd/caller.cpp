@@ -40,13 +40,7 @@ pid_t tgid_of(pid_t tid)
 ProcessCaller::ProcessCaller(pid_t tgid) : tgid_(tgid)
 {
 	if (tgid_ > 0)
-		pidfd_ = pidfd_open(tgid_, 0);
-}
-
-ProcessCaller::~ProcessCaller()
-{
-	if (pidfd_ >= 0)
-		close(pidfd_);
+		pidfd_.reset(pidfd_open(tgid_, 0));
 }
 
 int ProcessCaller::write_memory(uint64_t addr, std::span<const std::byte> bytes)
@@ -75,9 +69,9 @@ int ProcessCaller::read_memory(uint64_t addr, std::span<std::byte> bytes)
 
 int ProcessCaller::take_fd(int fd)
 {
-	if (pidfd_ < 0)
+	if (!pidfd_)
 		return -ESRCH;
-	int ours = pidfd_getfd(pidfd_, fd, 0);
+	int ours = pidfd_getfd(pidfd_.get(), fd, 0);
 	return ours >= 0 ? ours : -errno;
 }
 

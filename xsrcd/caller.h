@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <span>
 
+#include "common/fd.h"
+
 namespace xsrc {
 
 class Caller {
@@ -33,21 +35,20 @@ class ProcessCaller final : public Caller {
 public:
 	// Opens a pidfd for thread group `tgid`; check valid() afterwards.
 	explicit ProcessCaller(pid_t tgid);
-	~ProcessCaller() override;
 	ProcessCaller(const ProcessCaller &) = delete;
 	ProcessCaller &operator=(const ProcessCaller &) = delete;
 
-	bool valid() const { return pidfd_ >= 0; }
+	bool valid() const { return static_cast<bool>(pidfd_); }
 	int write_memory(uint64_t addr, std::span<const std::byte> bytes) override;
 	int read_memory(uint64_t addr, std::span<std::byte> bytes) override;
 	int take_fd(int fd) override;
 	int check_mapped(uint64_t addr, uint64_t length, bool writable) override;
 	pid_t pid() const override { return tgid_; }
-	int pidfd() const { return pidfd_; }  // readable once the process has exited
+	int pidfd() const { return pidfd_.get(); }  // readable once the process has exited
 
 private:
 	pid_t tgid_;
-	int pidfd_ = -1;
+	unique_fd pidfd_;
 };
 
 // Thread-group id of a thread, from /proc; -1 if it is gone.

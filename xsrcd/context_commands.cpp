@@ -3,32 +3,35 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "device.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
 namespace {
 
+// Channel pipes a context may register ahead (XSRC_CMD_CHANNEL_POOL).
+constexpr size_t kMaxPooledChannels = 4 * XSRC_MAX_CHANNEL_FDS;
+
 // Takes the daemon's copy of a pipe's write end after checking that `fds`
 // names the two ends of one pipe in the caller.
-int take_pipe(Caller &caller, const xsrc_fd_pair &fds, OwnedFd &wr, OwnedFd *rd = nullptr)
+int take_pipe(Caller &caller, const xsrc_fd_pair &fds, unique_fd &wr, unique_fd *rd = nullptr)
 {
 	if (fds.rd_fd > INT32_MAX || fds.wr_fd > INT32_MAX || fds.rd_fd == fds.wr_fd)
-		return EINVAL;
-	OwnedFd w(caller.take_fd(static_cast<int>(fds.wr_fd)));
+		return refuse(EINVAL, "bad fd numbers of a pipe");
+	unique_fd w(caller.take_fd(static_cast<int>(fds.wr_fd)));
 	if (!w)
-		return EBADF;
-	OwnedFd r(caller.take_fd(static_cast<int>(fds.rd_fd)));
+		return refuse(EBADF, "the caller has no such pipe write fd");
+	unique_fd r(caller.take_fd(static_cast<int>(fds.rd_fd)));
 	if (!r)
-		return EBADF;
+		return refuse(EBADF, "the caller has no such pipe read fd");
 	struct stat ws, rs;
 	if (fstat(w.get(), &ws) || fstat(r.get(), &rs) || !S_ISFIFO(ws.st_mode) ||
 	    ws.st_ino != rs.st_ino || ws.st_dev != rs.st_dev)
-		return EINVAL;
+		return refuse(EINVAL, "the two fds are not the ends of one pipe");
 	if ((fcntl(w.get(), F_GETFL) & O_ACCMODE) != O_WRONLY ||
 	    (fcntl(r.get(), F_GETFL) & O_ACCMODE) != O_RDONLY)
-		return EINVAL;
+		return refuse(EINVAL, "the pipe's fds are not open for reading and writing");
 	// Never let a full pipe block the daemon.
 	fcntl(w.get(), F_SETFL, O_WRONLY | O_NONBLOCK);
 	wr = std::move(w);
@@ -53,22 +56,22 @@ std::span<const std::byte> get_context_resp_bytes(const Context &ctx, xsrc_get_c
 int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 {
 	if (ctx.initialised)
-		return EINVAL;
+		return refuse(EINVAL, "GET_CONTEXT again on an initialised context");
 	xsrc_get_context_req drv;
 	if (int err = load_driver_request(req, drv))
 		return err;
 	if (int err = check_comp_mask(drv.comp_mask, XSRC_GET_CONTEXT_REQ_MASK_ALL))
 		return err;
 	if (drv.num_channel_fds > XSRC_MAX_CHANNEL_FDS)
-		return EINVAL;
+		return refuse(EINVAL, "limit: more than XSRC_MAX_CHANNEL_FDS channel pipes");
 
-	OwnedFd async_wr, async_rd;
+	unique_fd async_wr, async_rd;
 	if (int err = take_pipe(caller, drv.async_fds, async_wr, &async_rd))
 		return err;
 	std::deque<std::pair<int, Channel>> pool;
 	for (uint32_t i = 0; i < drv.num_channel_fds; ++i) {
-		OwnedFd wr;
-		OwnedFd rd;
+		unique_fd wr;
+		unique_fd rd;
 		if (int err = take_pipe(caller, drv.channel_fds[i], wr, &rd))
 			return err;
 		pool.emplace_back(static_cast<int>(drv.channel_fds[i].rd_fd), Channel{std::move(wr), std::move(rd)});
@@ -111,7 +114,7 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_query_device>(req.core);
 	if (cmd.comp_mask || cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero comp_mask or reserved field");
 	if (int err = check_no_driver_data(req))
 		return err;
 	ib_uverbs_ex_query_device_resp resp{};
@@ -120,7 +123,7 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 	// Older callers have less room; response_length says how much is valid.
 	constexpr size_t min_len = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
 	if (req.core_resp_len < min_len)
-		return ENOSPC;
+		return refuse(ENOSPC, "no room for the response");
 	resp.response_length = static_cast<uint32_t>(std::min(sizeof(resp), req.core_resp_len));
 	return respond(caller, req, as_bytes_of(resp).first(resp.response_length));
 }
@@ -129,7 +132,7 @@ int cmd_query_port(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_query_port>(req.core);
 	if (cmd.port_num != 1)
-		return EINVAL;
+		return refuse(EINVAL, "no such port");
 	if (int err = check_no_driver_data(req))
 		return err;
 	ib_uverbs_query_port_resp resp{};
@@ -140,7 +143,7 @@ int cmd_query_port(Context &ctx, Caller &caller, const Request &req)
 int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req)
 {
 	if (ctx.channel_pool.empty() || ctx.channels.size() >= DeviceLimits::max_comp_channels_per_context)
-		return EMFILE;
+		return refuse(EMFILE, "limit: no channel pipe left, or max_comp_channels_per_context reached");
 	ib_uverbs_create_comp_channel_resp resp{};
 	resp.fd = static_cast<uint32_t>(ctx.channel_pool.front().first);
 	if (int err = respond(caller, req, as_bytes_of(resp)))
@@ -157,14 +160,14 @@ int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 	if (int err = check_comp_mask(cmd.comp_mask, 0))
 		return err;
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	if (int err = check_no_driver_data(req))
 		return err;
 	bool query_only = cmd.fds.rd_fd == XSRC_NO_FD && cmd.fds.wr_fd == XSRC_NO_FD;
-	OwnedFd wr, rd;
+	unique_fd wr, rd;
 	if (!query_only) {
-		if (ctx.channel_pool.size() >= 4 * XSRC_MAX_CHANNEL_FDS)
-			return EMFILE;
+		if (ctx.channel_pool.size() >= kMaxPooledChannels)
+			return refuse(EMFILE, "limit: the channel pipe pool is full");
 		if (int err = take_pipe(caller, cmd.fds, wr, &rd))
 			return err;
 	}

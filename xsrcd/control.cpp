@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,15 @@
 #include "daemon.h"
 
 namespace xsrc {
+namespace {
+
+constexpr int kListenBacklog = 16;
+// A client that never speaks must not stall the control thread.
+constexpr timeval kClientTimeout{5, 0};
+// How much of an unknown request the error reply quotes.
+constexpr size_t kQuotedRequestBytes = 64;
+
+}  // namespace
 
 ControlServer::ControlServer(Daemon &daemon, std::string socket_path, void (*on_shutdown)())
 	: daemon_(daemon), path_(std::move(socket_path)), on_shutdown_(on_shutdown)
@@ -26,17 +36,16 @@ ControlServer::~ControlServer()
 {
 	if (thread_.joinable()) {
 		uint64_t one = 1;
-		if (write(stop_fd_, &one, sizeof(one)) < 0) {
+		if (write(stop_fd_.get(), &one, sizeof(one)) < 0) {
 			// the thread still exits when the listening socket closes
 		}
 		thread_.join();
 	}
-	if (listen_fd_ >= 0) {
-		close(listen_fd_);
+	if (listen_fd_) {
+		listen_fd_.reset();
 		unlink(path_.c_str());
 	}
-	if (stop_fd_ >= 0)
-		close(stop_fd_);
+	stop_fd_.reset();
 }
 
 int ControlServer::start()
@@ -46,15 +55,15 @@ int ControlServer::start()
 	if (path_.size() >= sizeof(addr.sun_path))
 		return ENAMETOOLONG;
 	std::strcpy(addr.sun_path, path_.c_str());
-	listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	stop_fd_ = eventfd(0, EFD_CLOEXEC);
-	if (listen_fd_ < 0 || stop_fd_ < 0)
+	listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+	stop_fd_.reset(eventfd(0, EFD_CLOEXEC));
+	if (!listen_fd_ || !stop_fd_)
 		return errno;
 	unlink(path_.c_str());
 	mode_t old = umask(077);  // root only: the socket creates and removes devices
-	int rc = bind(listen_fd_, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+	int rc = bind(listen_fd_.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
 	umask(old);
-	if (rc || listen(listen_fd_, 16))
+	if (rc || listen(listen_fd_.get(), kListenBacklog))
 		return errno;
 	thread_ = std::thread([this] { serve(); });
 	return 0;
@@ -65,7 +74,7 @@ void ControlServer::serve()
 	std::vector<char> buf(kControlMaxMessage);
 	for (;;) {
 		// The daemon's owner watch rides on this loop: it is as idle.
-		pollfd fds[3] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0},
+		pollfd fds[3] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0},
 				 {daemon_.owner_watch_fd(), POLLIN, 0}};
 		if (poll(fds, 3, -1) < 0) {
 			if (errno == EINTR)
@@ -79,20 +88,19 @@ void ControlServer::serve()
 			if (!(fds[0].revents & POLLIN))
 				continue;
 		}
-		int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-		if (conn < 0)
+		unique_fd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+		if (!conn)
 			continue;
-		timeval tv{5, 0};  // a client that never speaks must not stall us
-		setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-		ssize_t n = recv(conn, buf.data(), buf.size() - 1, 0);
+		setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &kClientTimeout, sizeof(kClientTimeout));
+		ssize_t n = recv(conn.get(), buf.data(), buf.size() - 1, 0);
 		bool shutdown = false;
 		if (n > 0) {
 			std::string reply = handle(std::string(buf.data(), static_cast<size_t>(n)), shutdown);
 			if (reply.size() > kControlMaxMessage)
 				reply.resize(kControlMaxMessage);
-			send(conn, reply.data(), reply.size(), MSG_NOSIGNAL);
+			send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
 		}
-		close(conn);
+		conn.reset();
 		if (shutdown) {
 			on_shutdown_();
 			return;
@@ -127,7 +135,7 @@ std::string ControlServer::handle(const std::string &request, bool &shutdown)
 		shutdown = true;
 		return "ok";
 	}
-	return "error unknown request '" + request.substr(0, 64) + "'";
+	return "error unknown request '" + request.substr(0, kQuotedRequestBytes) + "'";
 }
 
 }  // namespace xsrc

@@ -7,6 +7,8 @@
 #include <string>
 #include <thread>
 
+#include "common/fd.h"
+
 namespace xsrc {
 
 class Daemon;
@@ -26,8 +28,8 @@ private:
 	Daemon &daemon_;
 	std::string path_;
 	void (*on_shutdown_)();
-	int listen_fd_ = -1;
-	int stop_fd_ = -1;  // eventfd that wakes the server thread to stop
+	unique_fd listen_fd_;
+	unique_fd stop_fd_;  // eventfd that wakes the server thread to stop
 	std::thread thread_;
 };
 

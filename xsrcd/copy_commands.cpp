@@ -14,7 +14,7 @@
 #include <chrono>
 #include <vector>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -26,6 +26,8 @@ constexpr uint64_t kBounceBytes = 1u << 20;
 // How long an atomic waits for the device-wide lock before giving up
 // (EAGAIN: the requester retries), so that nobody can stall the daemon.
 constexpr auto kAtomicLockWait = std::chrono::milliseconds(100);
+// Spins between looks at the holder and the clock while waiting for it.
+constexpr unsigned kAtomicLockSpins = 1024;
 
 bool is_atomic(uint32_t op)
 {
@@ -60,7 +62,7 @@ struct Target {
 const Mr *find_mr(Device &dev, Context &owner, uint32_t key)
 {
 	auto it = dev.mrs_by_index.find(key >> 8);
-	if (it == dev.mrs_by_index.end() || it->second->lkey != key)
+	if (it == dev.mrs_by_index.end() || it->second->lkey != Lkey(key))  // an rkey is its lkey
 		return nullptr;
 	for (auto &[handle, obj] : owner.objects)
 		if (const Mr *mr = std::get_if<Mr>(&obj); mr == it->second)
@@ -68,10 +70,11 @@ const Mr *find_mr(Device &dev, Context &owner, uint32_t key)
 	return nullptr;  // another context's MR
 }
 
-uint32_t pd_id_of(Context &ctx, std::optional<uint32_t> pd_handle)
+// The PD's device-wide id; PdId() (0) when there is none.
+PdId pd_id_of(Context &ctx, std::optional<PdHandle> pd_handle)
 {
 	const Pd *pd = pd_handle ? lookup<Pd>(ctx, *pd_handle) : nullptr;
-	return pd ? pd->pd_id : 0;
+	return pd ? pd->pd_id : PdId();
 }
 
 // Resolves the peer side: 0 with `t` filled, or the status (EACCES, ESRCH)
@@ -87,18 +90,18 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 		return ESRCH;
 	// The transports pair up as on the wire.
 	uint8_t want = own.qp_type == IBV_QPT_XRC_SEND ? uint8_t(IBV_QPT_XRC_RECV) : own.qp_type;
-	if (peer->qp_type != want || !receive_state(qp_state(dev, *peer)))
+	if (peer->qp_type != want || !receive_state(qp_current_state(dev, *peer)))
 		return EACCES;
 	// Connected transports (RC, UC, XRC) reach only the QP they are
 	// connected to, and it must be connected back: our own record of both,
 	// set by MODIFY_QP, as the data path checks the arena's copy.
 	if (own.qp_type != IBV_QPT_UD &&
-	    (own.attributes().dest_qp_num != cmd.peer_qpn || peer->attributes().dest_qp_num != own.qpn()))
+	    (own.attributes().dest_qp_num != cmd.peer_qpn || peer->attributes().dest_qp_num != own.qpn().value()))
 		return EACCES;
 
 	// Whose PD the key must be of, and in which context its MR lives.
 	Context *owner = ref.ctx;
-	uint32_t pd_id = 0;
+	PdId pd_id;
 	if (peer->qp_type == IBV_QPT_XRC_RECV) {
 		if (cmd.peer_srqn < XSRC_SRQN_BASE)
 			return EACCES;
@@ -115,11 +118,11 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	} else if (cmd.key_kind == XSRC_COPY_LKEY && peer->srq_handle) {
 		// Receive buffers of a QP on an SRQ are the SRQ's.
 		const Srq *srq = lookup<Srq>(*owner, *peer->srq_handle);
-		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : 0;
+		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : PdId();
 	} else {
 		pd_id = pd_id_of(*owner, peer->pd_handle);
 	}
-	if (!pd_id)
+	if (pd_id == PdId())
 		return EACCES;
 
 	uint32_t need;
@@ -151,10 +154,10 @@ int caller_iovs(Caller &caller, const xsrc_copy &cmd, std::vector<iovec> &iov)
 	uint64_t total = 0;
 	for (const iovec &v : iov) {
 		if (v.iov_len > cmd.length - total)
-			return EINVAL;
+			return refuse(EINVAL, "iovec longer than the length");
 		total += v.iov_len;
 	}
-	return total == cmd.length ? 0 : EINVAL;
+	return total == cmd.length ? 0 : refuse(EINVAL, "iovec lengths do not add up to the length");
 }
 
 // Moves bytes between `bounce` and the caller's buffers `pieces`, in order.
@@ -240,7 +243,7 @@ public:
 	{
 		uint64_t hash = (uint64_t(uint32_t(pid)) << 40) ^ (va >> 3);
 		word_ = &arena.at<uint32_t>(arena.header().atomic_locks_off + 4 * (hash % XSRC_ATOMIC_LOCKS));
-		auto lock = std::atomic_ref<uint32_t>(*word_);
+		auto lock = atomic(*word_);
 		uint32_t me = static_cast<uint32_t>(getpid());
 		auto deadline = std::chrono::steady_clock::now() + kAtomicLockWait;
 		for (unsigned spins = 0;; ++spins) {
@@ -249,7 +252,7 @@ public:
 				held_ = true;
 				return;
 			}
-			if (spins % 1024 == 1023) {
+			if (spins % kAtomicLockSpins == kAtomicLockSpins - 1) {
 				// A holder that died is taken over, as the providers do.
 				if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
 				    lock.compare_exchange_strong(holder, me, std::memory_order_acquire)) {
@@ -265,7 +268,7 @@ public:
 	~ArenaAtomicLock()
 	{
 		if (held_)
-			std::atomic_ref<uint32_t>(*word_).store(0, std::memory_order_release);
+			store_release<uint32_t>(*word_, 0);
 	}
 	ArenaAtomicLock(const ArenaAtomicLock &) = delete;
 	ArenaAtomicLock &operator=(const ArenaAtomicLock &) = delete;
@@ -284,7 +287,7 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 	{
 		ArenaAtomicLock lock(*ctx.device->arena, t.owner->owner, t.va);
 		if (!lock.held())
-			return EAGAIN;
+			return refuse(EAGAIN, "the arena's atomic lock is held too long");
 		if (peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&original, 1)), false)) {
 			resp.status = peer_status(*t.owner);
 			return 0;
@@ -313,7 +316,7 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 {
 	if (abi_revision(ctx) < 2)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "command newer than the driver ABI revision served (--abi)");
 	auto cmd = load<xsrc_copy>(req.core);
 	if (int err = check_comp_mask(cmd.comp_mask, 0))
 		return err;
@@ -322,25 +325,25 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 	if (cmd.op < XSRC_COPY_WRITE || cmd.op > XSRC_COPY_CMP_SWAP ||
 	    (cmd.key_kind != XSRC_COPY_RKEY && cmd.key_kind != XSRC_COPY_LKEY) ||
 	    cmd.num_local > XSRC_COPY_MAX_IOV || cmd.length > XSRC_MAX_MSG_SIZE)
-		return EINVAL;
+		return refuse(EINVAL, "bad op, key kind, reserved field, or limit: iovec count or length");
 	// A receive buffer only ever takes a payload; atomics are 8 aligned bytes.
 	if (cmd.key_kind == XSRC_COPY_LKEY && cmd.op != XSRC_COPY_WRITE)
-		return EINVAL;
+		return refuse(EINVAL, "a local key for an op that is not a write");
 	if (is_atomic(cmd.op) && (cmd.length != 8 || cmd.num_local != 1 || (cmd.peer_addr & 7)))
-		return EINVAL;
+		return refuse(EINVAL, "atomic not of 8 aligned bytes from one iovec");
 	if (req.resp_len < sizeof(xsrc_copy_resp))
-		return ENOSPC;
+		return refuse(ENOSPC, "no room for the response");
 
 	// The caller acts through one of its own QPs, able to send.
 	const Qp *own = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
-		return EINVAL;
-	ibv_qp_state state = qp_state(*ctx.device, *own);
+		return refuse(EINVAL, "no such QP handle, or an XRC receive QP");
+	ibv_qp_state state = qp_current_state(*ctx.device, *own);
 	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD)
-		return EINVAL;
+		return refuse(EINVAL, "QP not in RTS or SQD");
 	// UD moves nothing but payloads into receives.
 	if (own->qp_type == IBV_QPT_UD && cmd.key_kind != XSRC_COPY_LKEY)
-		return EINVAL;
+		return refuse(EINVAL, "a UD QP names a remote key");
 
 	std::vector<iovec> iov;
 	xsrc_copy_resp resp{};

@@ -1,6 +1,6 @@
 // Completion queues: each one is a ring in the arena that any process
 // completing work on the CQ's QPs writes into and the owner polls.
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -23,20 +23,20 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 	      uint32_t cqe, uint32_t comp_vector, int32_t comp_channel, bool extended)
 {
 	if (cqe == 0 || cqe > DeviceLimits::max_cqe)
-		return EINVAL;
+		return refuse(EINVAL, "limit: cqe is 0 or over max_cqe");
 	if (comp_vector >= DeviceLimits::num_comp_vectors)
-		return EINVAL;
+		return refuse(EINVAL, "no such completion vector");
 	if (comp_channel >= 0 && !ctx.channels.count(comp_channel))
-		return EINVAL;
+		return refuse(EINVAL, "no such completion channel");
 	if (comp_channel < -1)
-		return EINVAL;
+		return refuse(EINVAL, "bad completion channel fd");
 	if (int err = check_no_driver_data(req))
 		return err;
 	if (device_object_count<Cq>(*ctx.device) >= DeviceLimits::max_cq)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_cq CQs on the device");
 	uint64_t ring_off = create_cq_ring(ctx, cqe);
 	if (!ring_off)
-		return ENOMEM;
+		return refuse(ENOMEM, "arena full");
 
 	Cq cq{};
 	cq.user_handle = user_handle;
@@ -48,7 +48,7 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 		ctx.device->arena->release(ring_off);
 		return err;
 	}
-	ctx.device->cqs_by_ring[ring_off] = {&ctx, resp.base.cq_handle};
+	ctx.device->cqs_by_ring[ring_off] = {&ctx, ObjHandle(resp.base.cq_handle)};
 
 	resp.base.cqe = cqe;
 	xsrc_create_cq_resp dresp{};
@@ -89,7 +89,7 @@ int cmd_create_cq(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_create_cq>(req.core);
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	return create_cq(ctx, caller, req, cmd.user_handle, cmd.cqe, cmd.comp_vector,
 			 cmd.comp_channel, false);
 }
@@ -98,11 +98,11 @@ int cmd_ex_create_cq(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_create_cq>(req.core);
 	if (cmd.comp_mask || cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero comp_mask or reserved field");
 	if (cmd.flags & IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "completion timestamps are not supported");
 	if (cmd.flags & ~static_cast<uint32_t>(IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN))
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "unknown CQ flags");
 	return create_cq(ctx, caller, req, cmd.user_handle, cmd.cqe, cmd.comp_vector,
 			 cmd.comp_channel, true);
 }
@@ -117,17 +117,18 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	Cq *cq = lookup<Cq>(ctx, cmd.cq_handle);
 	if (!cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such CQ handle");
 	if (cmd.cqe == 0 || cmd.cqe > DeviceLimits::max_cqe)
-		return EINVAL;
+		return refuse(EINVAL, "limit: cqe is 0 or over max_cqe");
 	Arena &arena = *ctx.device->arena;
 	xsrc_cq_ring &ring = arena.at<xsrc_cq_ring>(cq->ring_off);
+	// Would drop completions the owner has not polled.
 	if (cmd.cqe < cq_ring_pending(ring))
-		return EINVAL;  // would drop completions the owner has not polled
+		return refuse(EINVAL, "fewer entries than completions pending");
 	bool moves = uint64_t(cmd.cqe) + 1 > ring.num_entries;
 	uint64_t new_off = moves ? create_cq_ring(ctx, cmd.cqe) : cq->ring_off;
 	if (!new_off)
-		return ENOMEM;
+		return refuse(ENOMEM, "arena full");
 
 	ib_uverbs_resize_cq_resp resp{};
 	resp.cqe = cmd.cqe;
@@ -147,7 +148,7 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 	store_release<__u32>(new_ring.armed, load_acquire(ring.armed));
 	cq->retired_rings.push_back(cq->ring_off);
 	cq->ring_off = new_off;
-	ctx.device->cqs_by_ring[new_off] = {&ctx, cmd.cq_handle};
+	ctx.device->cqs_by_ring[new_off] = {&ctx, ObjHandle(cmd.cq_handle)};
 	repoint_queues(ctx, cmd.cq_handle, new_off);
 	return 0;
 }
@@ -172,9 +173,9 @@ int cmd_destroy_cq(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_destroy_cq>(req.core);
 	Cq *cq = lookup<Cq>(ctx, cmd.cq_handle);
 	if (!cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such CQ handle");
 	if (cq->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	ib_uverbs_destroy_cq_resp resp{};
 	// libibverbs waits until the application acked this many events, and
 	// the kernel counts an event when it is read: take back the unread ones.
@@ -193,10 +194,10 @@ int cmd_req_notify_cq(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_req_notify_cq>(req.core);
 	Cq *cq = lookup<Cq>(ctx, cmd.cq_handle);
 	if (!cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such CQ handle");
 	xsrc_cq_ring &ring = ctx.device->arena->at<xsrc_cq_ring>(cq->ring_off);
 	uint32_t mode = cmd.solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
-	std::atomic_ref<__u32>(ring.armed).store(mode, std::memory_order_seq_cst);
+	atomic(ring.armed).store(mode, std::memory_order_seq_cst);
 	return 0;
 }
 

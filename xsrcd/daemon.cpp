@@ -10,19 +10,24 @@
 #include <cstring>
 #include <sstream>
 
-#include "command_handlers.h"
-#include "commands.h"
+#include "dispatcher_handlers.h"
+#include "dispatcher.h"
 #include "device.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
 namespace {
 
+// IB_DEVICE_NAME_MAX (64) with its terminating NUL.
+constexpr size_t kMaxDeviceNameLength = 63;
+// Owner exits handled per wake-up of the control thread; more wait for the next.
+constexpr int kOwnerExitsPerWake = 16;
+
 // The provider claims devices by name ("rdma_device:*Nxsrc*" in its match
 // table): a device that does not start with "xsrc" would have no provider.
 bool valid_device_name(const std::string &name)
 {
-	if (name.size() > 63 || !name.starts_with("xsrc"))
+	if (name.size() > kMaxDeviceNameLength || !name.starts_with("xsrc"))
 		return false;
 	return std::all_of(name.begin(), name.end(), [](char c) {
 		return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
@@ -43,7 +48,7 @@ bool thread_of(pid_t tid, pid_t tgid)
 Daemon::Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir)
 	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root)), shm_dir_(std::move(shm_dir))
 {
-	owner_watch_ = OwnedFd(epoll_create1(EPOLL_CLOEXEC));
+	owner_watch_ = unique_fd(epoll_create1(EPOLL_CLOEXEC));
 }
 
 Daemon::~Daemon()
@@ -265,7 +270,7 @@ int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 	if (it == contexts_.end())
 		return EBADF;
 	Context &ctx = *it->second;
-	return execute_command(ctx, other ? *other : *ctx.caller, command);
+	return dispatch_command(ctx, other ? *other : *ctx.caller, command);
 }
 
 void Daemon::release_context(uint64_t id)
@@ -311,8 +316,8 @@ void Daemon::stop_watching_owner(Context &ctx)
 
 void Daemon::owner_exits()
 {
-	epoll_event events[16];
-	int n = epoll_wait(owner_watch_.get(), events, 16, 0);
+	epoll_event events[kOwnerExitsPerWake];
+	int n = epoll_wait(owner_watch_.get(), events, kOwnerExitsPerWake, 0);
 	for (int i = 0; i < n; ++i)
 		on_owner_exit(events[i].data.u64);
 }

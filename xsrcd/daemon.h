@@ -69,7 +69,7 @@ private:
 	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
 	uint64_t next_context_id_ = 1;
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
-	OwnedFd owner_watch_;  // epoll over the owners' pidfds
+	unique_fd owner_watch_;  // epoll over the owners' pidfds
 };
 
 }  // namespace xsrc

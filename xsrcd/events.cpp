@@ -7,7 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -50,7 +50,7 @@ int raise_cq_event(Device &dev, uint64_t ring_off, bool completion)
 {
 	Found<Cq> cq = find_cq_by_ring(dev, ring_off);
 	if (!cq)
-		return EINVAL;
+		return refuse(EINVAL, "no CQ with that ring");
 	if (completion)
 		post_completion_event(*cq.owner, *cq.object);
 	else
@@ -63,7 +63,7 @@ int raise_srq_limit(Device &dev, uint64_t srqn)
 {
 	Found<Srq> srq = find_srq(dev, srqn);
 	if (!srq)
-		return EINVAL;
+		return refuse(EINVAL, "no SRQ with that number");
 	store_release<__u32>(dev.arena->at<xsrc_recv_ring>(srq.object->ring_off).srq_limit, 0);
 	post_srq_event(*srq.owner, *srq.object, IBV_EVENT_SRQ_LIMIT_REACHED);
 	return 0;
@@ -72,8 +72,9 @@ int raise_srq_limit(Device &dev, uint64_t srqn)
 int raise_qp_event(Device &dev, uint64_t qpn, uint32_t kind)
 {
 	Found<Qp> qp = find_qp(dev, qpn);
-	if (!qp || qp_state(dev, *qp.object) == IBV_QPS_RESET)
-		return EINVAL;  // a QP in RESET does no work that could fail
+	// A QP in RESET does no work that could fail.
+	if (!qp || qp_current_state(dev, *qp.object) == IBV_QPS_RESET)
+		return refuse(EINVAL, "no QP with that number, or a QP in RESET");
 	if (kind == XSRC_EVENT_QP_FATAL) {
 		qp_enter_error(*qp.owner, *qp.object);
 		post_qp_event(*qp.owner, *qp.object, IBV_EVENT_QP_FATAL);
@@ -129,7 +130,7 @@ namespace {
 // end's O_NONBLOCK is the application's to set), keeps those `is_mine` picks
 // and writes the others back. Returns how many it kept.
 template <typename Event, typename Pred>
-uint32_t reclaim(const OwnedFd &rd, const OwnedFd &wr, Pred is_mine)
+uint32_t reclaim(const unique_fd &rd, const unique_fd &wr, Pred is_mine)
 {
 	if (!rd || !wr)
 		return 0;
@@ -181,7 +182,7 @@ int cmd_raise_event(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<xsrc_raise_event>(req.core);
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	if (int err = check_no_driver_data(req))
 		return err;
 	Device &dev = *ctx.device;
@@ -196,7 +197,7 @@ int cmd_raise_event(Context &ctx, Caller &, const Request &req)
 	case XSRC_EVENT_QP_LAST_WQE:
 		return raise_qp_event(dev, cmd.object, cmd.kind);
 	default:
-		return EINVAL;
+		return refuse(EINVAL, "unknown event kind");
 	}
 }
 

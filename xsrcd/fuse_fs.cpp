@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "command_capture.h"
+#include "common/fd.h"
 #include "daemon.h"
 
 namespace xsrc {
@@ -195,13 +196,12 @@ void capture_command(uint64_t context, std::span<const std::byte> bytes)
 	const std::string pid = std::to_string(getpid());
 	std::lock_guard lock(mu);
 	for (const std::string &path : {prefix + "ctx-" + pid + "-" + std::to_string(context), prefix + "all-" + pid}) {
-		int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		if (fd < 0)
+		unique_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+		if (!fd)
 			continue;
-		if (::write(fd, record.data(), record.size()) < 0) {
+		if (::write(fd.get(), record.data(), record.size()) < 0) {
 			// best effort: capturing never changes what the command does
 		}
-		::close(fd);
 	}
 }
 

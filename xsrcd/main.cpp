@@ -17,10 +17,12 @@
 #include <fstream>
 #include <string>
 
+#include "common/fd.h"
 #include "control.h"
 #include "control_protocol.h"
 #include "daemon.h"
 #include "fuse_fs.h"
+#include "log.h"
 #include "netdev.h"
 #include "xsrc-abi.h"
 
@@ -37,10 +39,14 @@ void request_exit()
 [[noreturn]] void usage(int status)
 {
 	fprintf(status ? stderr : stdout,
-		"usage: xsrcd [--rundir DIR] [--abi N]\n"
+		"usage: xsrcd [--rundir DIR] [--abi N] [--debug]\n"
 		"The xsrc device daemon; normally started by 'xsrc up'.\n"
-		"  --abi N   serve driver ABI revision N (1..%d, default %d) to\n"
-		"            test providers against an older daemon\n",
+		"  --abi N       serve driver ABI revision N (1..%d, default %d) to\n"
+		"                test providers against an older daemon\n"
+		"  -v, --debug   log every refused command (its name, the errno and\n"
+		"                the check that refused it) to stderr, which is\n"
+		"                xsrcd.log in the run directory under 'xsrc up';\n"
+		"                XSRC_DEBUG=1 in the environment does the same\n",
 		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION);
 	exit(status);
 }
@@ -58,20 +64,19 @@ uint32_t parse_abi_revision(const std::string &text)
 }
 
 // Takes the pid file's lock for the daemon's lifetime: two `xsrc up` at once
-// must not start two daemons. Returns the fd, or -1 if another holds it.
-int lock_pidfile(const std::string &pidfile, long &holder)
+// must not start two daemons. Returns the fd, or none if another holds it.
+xsrc::unique_fd lock_pidfile(const std::string &pidfile, long &holder)
 {
-	int fd = open(pidfile.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -1;
-	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+	xsrc::unique_fd fd(open(pidfile.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+	if (!fd)
+		return fd;
+	if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
 		std::ifstream in(pidfile);
 		in >> holder;
-		close(fd);
-		return -1;
+		return xsrc::unique_fd();
 	}
 	std::string pid = std::to_string(getpid()) + "\n";
-	if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+	if (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
 		// the lock is what matters; the content is informational
 	}
 	return fd;
@@ -83,6 +88,7 @@ int main(int argc, char **argv)
 {
 	std::string rundir = xsrc::kDefaultRunDir;
 	uint32_t abi_revision = XSRC_DRIVER_ABI_REVISION;
+	bool debug = xsrc::debug_requested_by_environment();
 	for (int i = 1; i < argc; ++i) {
 		std::string arg = argv[i];
 		if (arg == "--rundir" && i + 1 < argc) {
@@ -94,12 +100,15 @@ int main(int argc, char **argv)
 					argv[i], XSRC_DRIVER_ABI_REVISION);
 				return 2;
 			}
+		} else if (arg == "--debug" || arg == "-v") {
+			debug = true;
 		} else if (arg == "--help" || arg == "-h") {
 			usage(0);
 		} else {
 			usage(2);
 		}
 	}
+	xsrc::set_debug_enabled(debug);
 	if (geteuid() != 0) {
 		fprintf(stderr, "xsrcd: must run as root\n");
 		return 1;
@@ -113,8 +122,8 @@ int main(int argc, char **argv)
 	std::error_code ec;
 	fs::create_directories(rundir, ec);
 	long other = 0;
-	int pid_fd = lock_pidfile(pidfile, other);
-	if (pid_fd < 0) {
+	xsrc::unique_fd pid_fd = lock_pidfile(pidfile, other);
+	if (!pid_fd) {
 		fprintf(stderr, "xsrcd: already running (pid %ld)\n", other);
 		return 1;
 	}
@@ -154,6 +163,8 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "xsrcd: serving %s (pid %d, driver ABI %d revision %u)\n", fuse_root.c_str(),
 				getpid(), XSRC_DRIVER_ABI_VERSION, abi_revision);
+			if (debug)
+				fprintf(stderr, "xsrcd: debug log on: every refused command is logged\n");
 			fuse.run();
 		}
 		daemon.remove_all_devices();
@@ -162,7 +173,7 @@ int main(int argc, char **argv)
 	fs::remove_all(sysfs_root, ec);
 	rmdir(fuse_root.c_str());
 	unlink(pidfile.c_str());
-	close(pid_fd);
+	pid_fd.reset();
 	fprintf(stderr, "xsrcd: stopped\n");
 	return status;
 }

@@ -20,21 +20,10 @@
 #include <thread>
 #include <utility>
 
+#include "common/fd.h"
+
 namespace xsrc {
 namespace {
-
-class UniqueFd {
-public:
-	explicit UniqueFd(int fd = -1) : fd_(fd) {}
-	UniqueFd(UniqueFd &&o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-	UniqueFd &operator=(UniqueFd &&o) noexcept { std::swap(fd_, o.fd_); return *this; }
-	~UniqueFd() { if (fd_ >= 0) ::close(fd_); }
-	int get() const { return fd_; }
-	explicit operator bool() const { return fd_ >= 0; }
-
-private:
-	int fd_;
-};
 
 struct UdevDeleter {
 	void operator()(udev *u) const { udev_unref(u); }
@@ -68,7 +57,7 @@ bool valid_ifname(const std::string &name)
 // Addresses of one ifindex from an RTM_GETADDR dump, in kernel order.
 int dump_addresses(int ifindex, std::vector<in_addr> &v4, std::vector<in6_addr> &v6)
 {
-	UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
+	unique_fd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
 	if (!fd)
 		return errno;
 	struct {
@@ -273,8 +262,8 @@ int ib_mtu_from_netdev_mtu(unsigned netdev_mtu)
 
 struct NetdevMonitor::Impl {
 	Callback on_change;
-	UniqueFd nl;
-	UniqueFd stop;
+	unique_fd nl;
+	unique_fd stop;
 	std::thread thread;
 
 	void run();
@@ -342,8 +331,8 @@ std::unique_ptr<NetdevMonitor> NetdevMonitor::start(Callback on_change, int &err
 {
 	auto impl = std::make_unique<Impl>();
 	impl->on_change = std::move(on_change);
-	impl->nl = UniqueFd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
-	impl->stop = UniqueFd(::eventfd(0, EFD_CLOEXEC));
+	impl->nl = unique_fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
+	impl->stop = unique_fd(::eventfd(0, EFD_CLOEXEC));
 	if (!impl->nl || !impl->stop) {
 		err = errno;
 		return nullptr;

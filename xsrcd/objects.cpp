@@ -4,30 +4,18 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+
+#include "log.h"
+
 namespace xsrc {
-
-OwnedFd &OwnedFd::operator=(OwnedFd &&o) noexcept
-{
-	if (this != &o) {
-		if (fd_ >= 0)
-			close(fd_);
-		fd_ = o.release();
-	}
-	return *this;
-}
-
-OwnedFd::~OwnedFd()
-{
-	if (fd_ >= 0)
-		close(fd_);
-}
 
 void Context::prune_closed_channels()
 {
 	if (!caller)
 		return;
 	for (auto it = channels.begin(); it != channels.end();) {
-		OwnedFd theirs(caller->take_fd(it->first));
+		unique_fd theirs(caller->take_fd(it->first));
 		struct stat a, b;
 		bool same = theirs && it->second.rd && fstat(theirs.get(), &a) == 0 &&
 			    fstat(it->second.rd.get(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
@@ -79,6 +67,29 @@ void SlotTable::rebind(uint32_t index, ObjectRef ref)
 {
 	if (index < slots_.size() && slots_[index] && ref)
 		slots_[index] = ref;
+}
+
+int insert_object(Context &ctx, Object obj, uint32_t &handle)
+{
+	if (ctx.objects.size() >= DeviceLimits::max_objects_per_context)
+		return refuse(ENOMEM, "limit: max_objects_per_context");
+	while (ctx.objects.count(ctx.next_handle))
+		++ctx.next_handle;
+	handle = ctx.next_handle++;
+	if (ctx.device)
+		++ctx.device->object_counts[obj.index()];
+	ctx.objects.emplace(handle, std::move(obj));
+	return 0;
+}
+
+void erase_object(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	if (it == ctx.objects.end())
+		return;
+	if (ctx.device)
+		--ctx.device->object_counts[it->second.index()];
+	ctx.objects.erase(it);
 }
 
 }  // namespace xsrc

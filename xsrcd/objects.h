@@ -14,32 +14,19 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
 #include "arena.h"
+#include "common/fd.h"
+#include "common/ids.h"
 #include "caller.h"
 #include "netdev.h"
 #include "sysfs_view.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
-
-// An fd the daemon owns; closes on destruction.
-class OwnedFd {
-public:
-	OwnedFd() = default;
-	explicit OwnedFd(int fd) : fd_(fd) {}
-	OwnedFd(OwnedFd &&o) noexcept : fd_(o.release()) {}
-	OwnedFd &operator=(OwnedFd &&o) noexcept;
-	~OwnedFd();
-	int get() const { return fd_; }
-	int release() { int f = fd_; fd_ = -1; return f; }
-	explicit operator bool() const { return fd_ >= 0; }
-
-private:
-	int fd_ = -1;
-};
 
 // Limits the device advertises and every command honours.
 struct DeviceLimits {
@@ -57,6 +44,7 @@ struct DeviceLimits {
 	static constexpr uint32_t max_ah = 65536;
 	static constexpr uint32_t max_xrcd = 16384;  // XRC domains on the device
 	static constexpr uint32_t max_comp_channels_per_context = 1024;
+	static constexpr uint32_t max_objects_per_context = 1u << 20;  // handles in one context
 	static constexpr uint32_t max_msg_size = 1u << 31;
 	static constexpr uint32_t gid_tbl_len = 16;
 	static constexpr uint32_t num_comp_vectors = 1;
@@ -69,22 +57,25 @@ static_assert(DeviceLimits::max_mr < XSRC_MR_TABLE_LEN);
 static_assert(DeviceLimits::max_sge <= XSRC_MAX_RECV_SGE);
 static_assert(DeviceLimits::max_msg_size == XSRC_MAX_MSG_SIZE);
 
-// Per-object bookkeeping. Handles (uint32_t) name objects of the same
-// context; the arena holds what other processes need to see.
+// Per-object bookkeeping. Handles (uint32_t, as on the wire; PdHandle where
+// an object keeps its PD's) name objects of the same context; the ids
+// (common/ids.h) are device-wide. The arena holds what other processes need
+// to see.
 
 struct Pd {
-	uint32_t pd_id = 0;      // device-wide, as in the arena tables
+	PdId pd_id;              // device-wide, as in the arena tables
 	uint32_t use_count = 0;  // MRs, QPs, SRQs, AHs on this PD
 };
 
 struct Mr {
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	uint64_t addr = 0;
 	uint64_t length = 0;
 	uint64_t iova = 0;
 	uint32_t access = 0;
-	uint32_t lkey = 0;
-	uint32_t rkey = 0;
+	Lkey lkey;
+	Rkey rkey;
+	uint32_t index() const { return lkey.value() >> 8; }  // in the MR table (the key's salt is below)
 };
 
 struct Cq {
@@ -134,7 +125,7 @@ struct Context;
 // Names an object of some context of a device (device-wide tables).
 struct ObjectRef {
 	Context *ctx = nullptr;
-	uint32_t handle = 0;
+	ObjHandle handle;
 	explicit operator bool() const { return ctx != nullptr; }
 	bool operator==(const ObjectRef &) const = default;
 };
@@ -144,7 +135,7 @@ struct ObjectRef {
 // QP lives until the last of them goes. What belongs to the QP rather than
 // to a handle lives here.
 struct XrcTgtQp {
-	uint32_t xrcd_id = 0;            // its domain
+	XrcdId xrcd_id;                  // its domain
 	QpAttributes attr;               // MODIFY_QP through any handle sets them
 	std::vector<ObjectRef> holders;  // every handle, oldest first
 };
@@ -155,7 +146,7 @@ struct Qp {
 	uint64_t user_handle = 0;
 	uint8_t qp_type = 0;         // enum ibv_qp_type
 	bool sq_sig_all = false;
-	std::optional<uint32_t> pd_handle;
+	std::optional<PdHandle> pd_handle;
 	std::optional<uint32_t> send_cq_handle;
 	std::optional<uint32_t> recv_cq_handle;
 	std::optional<uint32_t> srq_handle;
@@ -167,14 +158,14 @@ struct Qp {
 	QpAttributes attr;           // unused for XRC receive QPs (see attributes())
 	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
-	uint32_t qpn() const { return XSRC_QPN_BASE + index; }
+	Qpn qpn() const { return Qpn(XSRC_QPN_BASE + index); }
 	QpAttributes &attributes() { return shared ? shared->attr : attr; }
 	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
 };
 
 struct Srq {
 	uint64_t user_handle = 0;
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	uint32_t srq_type = 0;       // enum ibv_srq_type
 	std::optional<uint32_t> xrcd_handle;  // XRC SRQs: their domain
 	std::optional<uint32_t> cq_handle;    // XRC SRQs: where their receives complete
@@ -184,27 +175,27 @@ struct Srq {
 	uint32_t max_sge = 0;
 	uint32_t use_count = 0;      // QPs receiving through it
 	uint32_t events_reported = 0;
-	uint32_t srqn() const { return XSRC_SRQN_BASE + index; }
+	Srqn srqn() const { return Srqn(XSRC_SRQN_BASE + index); }
 };
 
 struct Ah {
 	uint64_t user_handle = 0;
-	uint32_t pd_handle = 0;
+	PdHandle pd_handle;
 	ib_uverbs_ah_attr attr{};
 };
 
 // A context's handle on an XRC domain (OPEN_XRCD). Every OPEN gives a new
 // handle, even on a domain the context already holds.
 struct Xrcd {
-	uint32_t xrcd_id = 0;    // device-wide, as in the arena tables
+	XrcdId xrcd_id;          // device-wide, as in the arena tables
 	uint32_t use_count = 0;  // XRC SRQs and XRC receive QP handles through it
 };
 
 using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah, Xrcd>;
 
 struct Channel {
-	OwnedFd wr;                // daemon's copy of the pipe's write end
-	OwnedFd rd;                // and of its read end: to take back unread events
+	unique_fd wr;                // daemon's copy of the pipe's write end
+	unique_fd rd;                // and of its read end: to take back unread events
 };
 
 struct Device;
@@ -216,8 +207,8 @@ struct Context {
 	uid_t uid = 0;
 	std::unique_ptr<ProcessCaller> caller;
 	bool initialised = false;   // GET_CONTEXT done
-	OwnedFd async_wr;
-	OwnedFd async_rd;            // to take back unread events of a destroyed object
+	unique_fd async_wr;
+	unique_fd async_rd;            // to take back unread events of a destroyed object
 	uint64_t async_events_dropped = 0;
 
 	// Registered channel pipes not yet handed out, FIFO: {caller rd fd, ours}.
@@ -274,7 +265,7 @@ struct Device {
 	std::map<uint32_t, Mr *> mrs_by_index;  // device-wide MR table (lkey/rkey >> 8)
 
 	uint32_t next_pd_id = 1;
-	std::set<uint32_t> pd_ids;              // in use
+	std::set<PdId> pd_ids;                  // in use
 	SlotTable qp_slots{XSRC_QP_TABLE_LEN};
 	SlotTable srq_slots{XSRC_SRQ_TABLE_LEN};
 	std::map<uint64_t, ObjectRef> cqs_by_ring;  // every ring of every CQ -> its CQ
@@ -283,14 +274,69 @@ struct Device {
 	// opened through a file is named by that file's inode.
 	struct XrcDomain {
 		std::optional<std::pair<dev_t, ino_t>> inode;  // none: private (OPEN_XRCD with fd -1)
-		std::shared_ptr<OwnedFd> file;  // pins the inode: a new file cannot inherit its number
+		std::shared_ptr<unique_fd> file;  // pins the inode: a new file cannot inherit its number
 		uint32_t handles = 0;                          // Xrcd objects in all contexts
 	};
 	uint32_t next_xrcd_id = 1;
-	std::map<uint32_t, XrcDomain> xrcds;                       // by xrcd_id
-	std::map<std::pair<dev_t, ino_t>, uint32_t> xrcds_by_inode;
+	std::map<XrcdId, XrcDomain> xrcds;                         // by xrcd_id
+	std::map<std::pair<dev_t, ino_t>, XrcdId> xrcds_by_inode;
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };
+
+// --- a context's object table ---------------------------------------------
+
+// The object of type T under `handle`, or null.
+template <typename T>
+T *lookup(Context &ctx, uint32_t handle)
+{
+	auto it = ctx.objects.find(handle);
+	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
+}
+
+// The object a device-wide table names (ObjectRef::handle).
+template <typename T>
+T *lookup(Context &ctx, ObjHandle handle)
+{
+	return lookup<T>(ctx, handle.value());
+}
+
+// A PD through the handle another object keeps of it.
+template <typename T>
+	requires std::is_same_v<T, Pd>
+T *lookup(Context &ctx, PdHandle handle)
+{
+	return lookup<T>(ctx, handle.value());
+}
+
+// The index of T among the Object alternatives.
+template <typename T, typename Variant>
+struct AlternativeIndex;
+template <typename T, typename... Ts>
+struct AlternativeIndex<T, std::variant<Ts...>> {
+	static constexpr size_t value = [] {
+		size_t i = 0;
+		(void)((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
+		return i;
+	}();
+};
+
+template <typename T>
+constexpr size_t object_index()
+{
+	return AlternativeIndex<T, Object>::value;
+}
+
+// Live objects of type T on the device (all contexts).
+template <typename T>
+uint32_t device_object_count(const Device &dev)
+{
+	return dev.object_counts[object_index<T>()];
+}
+
+// Adds an object to the context under a new handle. ENOMEM when full.
+int insert_object(Context &ctx, Object obj, uint32_t &handle);
+// Removes it (no other bookkeeping).
+void erase_object(Context &ctx, uint32_t handle);
 
 }  // namespace xsrc

@@ -1,6 +1,6 @@
 // Protection domains and memory regions: device-wide PD ids and the arena's
 // MR table, against which the data path checks every key.
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -16,14 +16,14 @@ constexpr uint32_t kSupportedAccess =
 	IB_UVERBS_ACCESS_OPTIONAL_RANGE;
 
 // Ids count up and wrap, so that a freed id is not reused at once.
-uint32_t allocate_pd_id(Device &dev)
+PdId allocate_pd_id(Device &dev)
 {
 	uint32_t id = dev.next_pd_id;
-	while (id == 0 || id >= kPdIdLimit || dev.pd_ids.count(id))
+	while (id == 0 || id >= kPdIdLimit || dev.pd_ids.count(PdId(id)))
 		id = id >= kPdIdLimit - 1 ? 1 : id + 1;
 	dev.next_pd_id = id + 1;
-	dev.pd_ids.insert(id);
-	return id;
+	dev.pd_ids.insert(PdId(id));
+	return PdId(id);
 }
 
 // MR table indices; keys are (index << 8 | salt), as HCAs build them, so a
@@ -37,17 +37,17 @@ uint32_t allocate_mr_index(Device &dev)
 	return index;
 }
 
-void publish_mr(Context &ctx, const Mr &mr, uint32_t pd_id)
+void publish_mr(Context &ctx, const Mr &mr, PdId pd_id)
 {
-	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr.lkey >> 8);
-	e.pd_id = pd_id;
+	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr.index());
+	e.pd_id = pd_id.value();
 	e.access = mr.access;
 	e.owner_pid = static_cast<__u32>(ctx.owner);
 	e.addr = mr.addr;
 	e.length = mr.length;
 	e.iova = mr.iova;
 	e.reserved = 0;
-	store_release<__u32>(e.key, mr.lkey);  // last: the entry is complete
+	store_release<__u32>(e.key, mr.lkey.value());  // last: the entry is complete
 }
 
 }  // namespace
@@ -58,15 +58,15 @@ int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	Device &dev = *ctx.device;
 	if (dev.pd_ids.size() >= DeviceLimits::max_pd)
-		return ENOMEM;
-	uint32_t pd_id = allocate_pd_id(dev);
+		return refuse(ENOMEM, "limit: max_pd PDs on the device");
+	PdId pd_id = allocate_pd_id(dev);
 	ib_uverbs_alloc_pd_resp resp{};
 	if (int err = insert_object(ctx, Pd{pd_id, 0}, resp.pd_handle)) {
 		dev.pd_ids.erase(pd_id);
 		return err;
 	}
 	xsrc_alloc_pd_resp dresp{};
-	dresp.pd_id = pd_id;
+	dresp.pd_id = pd_id.value();
 	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp))) {
 		release_pd(ctx, resp.pd_handle);
 		return err;
@@ -89,9 +89,9 @@ int cmd_dealloc_pd(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_dealloc_pd>(req.core);
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
 	if (pd->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	release_pd(ctx, cmd.pd_handle);
 	return 0;
 }
@@ -103,27 +103,29 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
+	// Such as memory windows and on-demand paging.
 	if (cmd.access_flags & ~kSupportedAccess)
-		return EOPNOTSUPP;  // memory windows, on-demand paging
+		return refuse(EOPNOTSUPP, "unsupported access flags");
 	// IBTA o10-37: remote write or atomic access requires local write.
 	if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
 	    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
-		return EINVAL;
+		return refuse(EINVAL, "remote write or atomic access without local write");
 	if (cmd.length == 0 || cmd.start + cmd.length < cmd.start)
-		return EINVAL;
+		return refuse(EINVAL, "zero length, or the range wraps around");
 	Device &dev = *ctx.device;
 	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_mr MRs on the device");
 	bool writable = cmd.access_flags & (IB_UVERBS_ACCESS_LOCAL_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_ATOMIC);
 	if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
-		return err;
+		return refuse(err, "the range is not mapped in the caller, or not writable");
 
 	uint32_t index = allocate_mr_index(dev);
 	uint32_t key = index << 8 | dev.key_salt++;
-	Mr mr{cmd.pd_handle, cmd.start, cmd.length, cmd.hca_va, cmd.access_flags, key, key};
+	Mr mr{PdHandle(cmd.pd_handle), cmd.start, cmd.length, cmd.hca_va, cmd.access_flags,
+	      Lkey(key), Rkey(key)};
 	ib_uverbs_reg_mr_resp resp{};
 	if (int err = insert_object(ctx, mr, resp.mr_handle))
 		return err;
@@ -145,10 +147,10 @@ void release_mr(Context &ctx, uint32_t handle)
 	if (!mr)
 		return;
 	if (Device *dev = ctx.device) {
-		xsrc_mr_entry &e = dev->arena->mr_entry(mr->lkey >> 8);
+		xsrc_mr_entry &e = dev->arena->mr_entry(mr->index());
 		store_release<__u32>(e.key, 0);  // first: no new access passes the check
 		e = xsrc_mr_entry{};
-		dev->mrs_by_index.erase(mr->lkey >> 8);
+		dev->mrs_by_index.erase(mr->index());
 	}
 	if (Pd *pd = lookup<Pd>(ctx, mr->pd_handle))
 		--pd->use_count;
@@ -159,7 +161,7 @@ int cmd_dereg_mr(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_dereg_mr>(req.core);
 	if (!lookup<Mr>(ctx, cmd.mr_handle))
-		return EINVAL;
+		return refuse(EINVAL, "no such MR handle");
 	release_mr(ctx, cmd.mr_handle);
 	return 0;
 }

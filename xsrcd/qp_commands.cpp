@@ -9,9 +9,10 @@
 // a handle on it by QPN, and it lives until the last handle is destroyed.
 #include <cstring>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
+#include "xsrc-qp-state.h"
 
 namespace xsrc {
 namespace {
@@ -57,9 +58,9 @@ int check_qp_type(uint8_t type)
 		return 0;
 	case IBV_QPT_RAW_PACKET:
 	case IBV_QPT_DRIVER:
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "driver QPs are not supported");
 	default:
-		return EINVAL;
+		return refuse(EINVAL, "unknown QP type");
 	}
 }
 
@@ -96,21 +97,21 @@ int resolve_qp_links(Context &ctx, const QpInit &init, QpLinks &links)
 {
 	if (init.qp_type == IBV_QPT_XRC_RECV) {
 		links.xrcd = lookup<Xrcd>(ctx, init.pd_handle);
-		return links.xrcd ? 0 : EINVAL;
+		return links.xrcd ? 0 : refuse(EINVAL, "no such XRC domain handle");
 	}
 	links.pd = lookup<Pd>(ctx, init.pd_handle);
 	links.send_cq = lookup<Cq>(ctx, init.send_cq_handle);
 	if (!links.pd || !links.send_cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD or send CQ handle");
 	if (init.qp_type == IBV_QPT_XRC_SEND)
 		return 0;
 	links.recv_cq = lookup<Cq>(ctx, init.recv_cq_handle);
 	if (!links.recv_cq)
-		return EINVAL;
+		return refuse(EINVAL, "no such receive CQ handle");
 	if (init.is_srq) {
 		links.srq = lookup<Srq>(ctx, init.srq_handle);
 		if (!links.srq || links.srq->srq_type != IBV_SRQT_BASIC)
-			return EINVAL;
+			return refuse(EINVAL, "no such SRQ handle, or not a basic SRQ");
 	}
 	return 0;
 }
@@ -121,10 +122,10 @@ int check_qp_caps(const QpInit &init)
 	const QpCaps &c = init.caps;
 	if (c.max_send_wr > L::max_qp_wr || c.max_send_sge > L::max_sge ||
 	    c.max_inline_data > L::max_inline_data)
-		return EINVAL;
+		return refuse(EINVAL, "limit: send queue size, SGEs or inline data over the device's");
 	// With an SRQ the receive capabilities are the SRQ's; the QP's are ignored.
 	if (!init.is_srq && (c.max_recv_wr > L::max_qp_wr || c.max_recv_sge > L::max_sge))
-		return EINVAL;
+		return refuse(EINVAL, "limit: receive queue size or SGEs over the device's");
 	return 0;
 }
 
@@ -140,15 +141,15 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 {
 	xsrc_qp_entry &e = ctx.device->arena->qp_entry(qp.index);
 	clear_qp_entry(e);
-	e.qpn = qp.qpn();
+	e.qpn = qp.qpn().value();
 	++e.generation;
 	e.owner_pid = static_cast<__u32>(ctx.owner);
 	e.owner_context = ctx.id;
 	e.qp_type = qp.qp_type;
 	e.sq_sig_all = qp.sq_sig_all;
-	e.pd_id = links.pd ? links.pd->pd_id : 0;
-	e.srqn = links.srq ? links.srq->srqn() : 0;
-	e.xrcd_id = links.xrcd ? links.xrcd->xrcd_id : 0;
+	e.pd_id = links.pd ? links.pd->pd_id.value() : 0;
+	e.srqn = links.srq ? links.srq->srqn().value() : 0;
+	e.xrcd_id = links.xrcd ? links.xrcd->xrcd_id.value() : 0;
 	e.rq_off = qp.rq_off;
 	e.send_cq_off = links.send_cq ? links.send_cq->ring_off : 0;
 	e.recv_cq_off = links.recv_cq ? links.recv_cq->ring_off : 0;
@@ -157,7 +158,7 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 	e.max_send_sge = qp.caps.max_send_sge;
 	e.max_recv_sge = qp.caps.max_recv_sge;
 	e.max_inline_data = qp.caps.max_inline_data;
-	store_release<__u32>(e.state, IBV_QPS_RESET + 1);
+	store_release(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 }
 
 // The receive ring of a QP without an SRQ: 0 when the arena is full.
@@ -179,7 +180,7 @@ Qp new_qp(const QpInit &init, const QpLinks &links)
 	qp.qp_type = init.qp_type;
 	qp.sq_sig_all = init.sq_sig_all;
 	if (links.pd)
-		qp.pd_handle = init.pd_handle;
+		qp.pd_handle = PdHandle(init.pd_handle);
 	if (links.send_cq)
 		qp.send_cq_handle = init.send_cq_handle;
 	if (links.recv_cq)
@@ -207,7 +208,7 @@ void hand_over(Device &dev, const Qp &qp)
 
 // Drops a QP's reference on an object it links to.
 template <typename T>
-void unuse(Context &ctx, const std::optional<uint32_t> &handle)
+void unuse(Context &ctx, const auto &handle)
 {
 	if (handle)
 		if (T *obj = lookup<T>(ctx, *handle))
@@ -230,7 +231,7 @@ int respond_created_qp(Caller &caller, const Request &req, uint32_t handle, cons
 {
 	ib_uverbs_ex_create_qp_resp resp{};
 	resp.base.qp_handle = handle;
-	resp.base.qpn = qp.qpn();
+	resp.base.qpn = qp.qpn().value();
 	resp.base.max_send_wr = qp.caps.max_send_wr;
 	resp.base.max_recv_wr = qp.caps.max_recv_wr;
 	resp.base.max_send_sge = qp.caps.max_send_sge;
@@ -258,22 +259,22 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 		return err;
 	Device &dev = *ctx.device;
 	if (dev.qp_slots.used() >= DeviceLimits::max_qp)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_qp QPs on the device");
 
 	Qp qp = new_qp(init, links);
 	bool own_rq = has_receive_side(init.qp_type) && !init.is_srq;
 	if (own_rq && !(qp.rq_off = create_rq_ring(ctx, qp.caps)))
-		return ENOMEM;
+		return refuse(ENOMEM, "arena full");
 	uint32_t handle;
 	if (int err = insert_object(ctx, qp, handle)) {
 		dev.arena->release(qp.rq_off);
 		return err;
 	}
-	std::optional<uint32_t> index = dev.qp_slots.allocate({&ctx, handle});
+	std::optional<uint32_t> index = dev.qp_slots.allocate({&ctx, ObjHandle(handle)});
 	if (!index) {
 		erase_object(ctx, handle);
 		dev.arena->release(qp.rq_off);
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: the device's QP numbers");
 	}
 	Qp &created = *lookup<Qp>(ctx, handle);
 	created.index = *index;
@@ -288,7 +289,7 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 	if (links.xrcd) {
 		created.shared = std::make_shared<XrcTgtQp>();
 		created.shared->xrcd_id = links.xrcd->xrcd_id;
-		created.shared->holders.push_back({&ctx, handle});
+		created.shared->holders.push_back({&ctx, ObjHandle(handle)});
 		++links.xrcd->use_count;
 	}
 
@@ -300,28 +301,34 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 	return 0;
 }
 
+// The kernel's cross-channel create flags (enum ib_qp_create_flags), which
+// libibverbs has no names for.
+constexpr uint32_t kCreateCrossChannel = 1u << 2;
+constexpr uint32_t kCreateManagedSend = 1u << 3;
+constexpr uint32_t kCreateManagedRecv = 1u << 4;
+
 // Create flags the kernel knows (enum ib_qp_create_flags, as far as the
 // write ABI passes them); none of them is supported here.
 constexpr uint32_t kKnownCreateFlags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB |
-				       (1u << 2) | (1u << 3) | (1u << 4) |  // cross-channel
+				       kCreateCrossChannel | kCreateManagedSend | kCreateManagedRecv |
 				       IBV_QP_CREATE_SCATTER_FCS | IBV_QP_CREATE_CVLAN_STRIPPING |
 				       IBV_QP_CREATE_SOURCE_QPN | IBV_QP_CREATE_PCI_WRITE_END_PADDING;
 
 }  // namespace
 
-ibv_qp_state qp_state(Device &dev, const Qp &qp)
+ibv_qp_state qp_current_state(Device &dev, const Qp &qp)
 {
-	uint32_t s = load_acquire(dev.arena->qp_entry(qp.index).state);
-	if (s == XSRC_QP_STATE_FREE)
-		return IBV_QPS_RESET;
-	return s - 1 <= IBV_QPS_ERR ? static_cast<ibv_qp_state>(s - 1) : IBV_QPS_ERR;
+	ibv_qp_state state = xsrc_qp_state_decode(load_acquire(dev.arena->qp_entry(qp.index).state));
+	// A live QP's slot is never free unless a provider scribbled on it: the
+	// daemon has always read that as RESET.
+	return state == IBV_QPS_UNKNOWN ? IBV_QPS_RESET : state;
 }
 
 int cmd_create_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_create_qp>(req.core);
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	return create_qp(ctx, caller, req, qp_init_from(cmd), false);
 }
 
@@ -329,16 +336,16 @@ int cmd_ex_create_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_create_qp>(req.core);
 	if (cmd.comp_mask & ~static_cast<uint32_t>(IB_UVERBS_CREATE_QP_SUP_COMP_MASK))
-		return EINVAL;
+		return refuse(EINVAL, "unknown comp_mask bits");
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	// An indirection table handle names no object: none can exist here.
 	if (cmd.comp_mask & IB_UVERBS_CREATE_QP_MASK_IND_TABLE)
-		return EINVAL;
+		return refuse(EINVAL, "an indirection table (no such object here)");
 	if (cmd.create_flags & ~kKnownCreateFlags)
-		return EINVAL;
+		return refuse(EINVAL, "unknown create_flags");
 	if (cmd.create_flags)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "create_flags not supported");
 	return create_qp(ctx, caller, req, qp_init_from(cmd), true);
 }
 
@@ -347,7 +354,7 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_query_qp>(req.core);
 	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	if (int err = check_no_driver_data(req))
 		return err;
 	const QpAttributes &a = qp->attributes();
@@ -364,7 +371,7 @@ int cmd_query_qp(Context &ctx, Caller &caller, const Request &req)
 	resp.dest_qp_num = a.dest_qp_num;
 	resp.qp_access_flags = a.access_flags;
 	resp.pkey_index = a.pkey_index;
-	resp.qp_state = resp.cur_qp_state = static_cast<uint8_t>(qp_state(*ctx.device, *qp));
+	resp.qp_state = resp.cur_qp_state = static_cast<uint8_t>(qp_current_state(*ctx.device, *qp));
 	resp.path_mtu = a.path_mtu;
 	resp.path_mig_state = a.path_mig_state;
 	resp.sq_draining = 0;  // the send queue is drained by the time SQD is entered
@@ -388,7 +395,7 @@ void release_qp(Context &ctx, uint32_t handle)
 		return;
 	bool last = true;
 	if (qp->shared) {
-		std::erase(qp->shared->holders, ObjectRef{&ctx, handle});
+		std::erase(qp->shared->holders, ObjectRef{&ctx, ObjHandle(handle)});
 		last = qp->shared->holders.empty();
 		if (!last && ctx.device)
 			hand_over(*ctx.device, *qp);
@@ -416,12 +423,12 @@ int cmd_open_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_open_qp>(req.core);
 	Xrcd *xrcd = lookup<Xrcd>(ctx, cmd.pd_handle);
 	if (!xrcd || cmd.qp_type != IBV_QPT_XRC_RECV)
-		return EINVAL;
+		return refuse(EINVAL, "no such XRC domain handle, or not an XRC receive QP");
 	if (int err = check_no_driver_data(req))
 		return err;
 	const Qp *target = find_xrc_recv_qp(*ctx.device, cmd.qpn);
 	if (!target || target->shared->xrcd_id != xrcd->xrcd_id)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP in this XRC domain");
 
 	Qp qp;
 	qp.user_handle = cmd.user_handle;
@@ -434,7 +441,7 @@ int cmd_open_qp(Context &ctx, Caller &caller, const Request &req)
 	if (int err = insert_object(ctx, std::move(qp), handle))
 		return err;
 	Qp &opened = *lookup<Qp>(ctx, handle);
-	opened.shared->holders.push_back({&ctx, handle});
+	opened.shared->holders.push_back({&ctx, ObjHandle(handle)});
 	++xrcd->use_count;
 	if (int err = respond_created_qp(caller, req, handle, opened, false)) {
 		release_qp(ctx, handle);
@@ -448,7 +455,7 @@ int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_destroy_qp>(req.core);
 	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	ib_uverbs_destroy_qp_resp resp{};
 	resp.events_reported = qp->events_reported -
 		reclaim_unread_async_events(ctx, qp->user_handle, qp->events_reported);

@@ -3,9 +3,11 @@
 // for QUERY_QP and written to the QP's arena entry before its new state.
 #include <cstring>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
+#include "ib_fields.h"
 #include "qp_state.h"
 #include "rings.h"
+#include "xsrc-qp-state.h"
 
 namespace xsrc {
 namespace {
@@ -17,20 +19,18 @@ constexpr uint32_t kRemoteAccess =
 // Applications commonly pass LOCAL_WRITE among a QP's access flags and the
 // kernel accepts it; it means nothing for a QP and is not published.
 constexpr uint32_t kQpAccessFlags = kRemoteAccess | IBV_ACCESS_LOCAL_WRITE;
-constexpr uint32_t kPsnMask = 0xffffff;
-constexpr uint32_t kFlowLabelMask = 0xfffff;
 
 // A path: RoCE addresses by GID, so a GRH is mandatory.
 int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)
 {
 	if (dest.port_num != 1 || !dest.is_global)
-		return EINVAL;
+		return refuse(EINVAL, "path not on port 1 or not global");
 	if (!valid_sgid_index(dev, dest.sgid_index))
-		return EINVAL;
+		return refuse(EINVAL, "bad source GID index");
 	// The flow label is not checked: the kernel takes any value (UCX passes
 	// ~0 for "any"); only its 20 bits are kept.
-	if (dest.sl > 15)
-		return EINVAL;
+	if (dest.sl > ib::kMaxServiceLevel)
+		return refuse(EINVAL, "service level over 15");
 	return 0;
 }
 
@@ -39,34 +39,34 @@ int check_attribute_values(const Device &dev, const ib_uverbs_modify_qp &cmd)
 	const uint32_t mask = cmd.attr_mask;
 	auto has = [mask](uint32_t bit) { return (mask & bit) != 0; };
 	if (has(IBV_QP_PKEY_INDEX) && cmd.pkey_index != 0)
-		return EINVAL;  // one P_Key
+		return refuse(EINVAL, "no such P_Key index");  // one P_Key
 	if (has(IBV_QP_PORT) && cmd.port_num != 1)
-		return EINVAL;
+		return refuse(EINVAL, "no such port");
 	if (has(IBV_QP_AV))
 		if (int err = check_path(dev, cmd.dest))
 			return err;
-	if (has(IBV_QP_ALT_PATH))
-		return EINVAL;  // no automatic path migration on RoCE (the kernel refuses it too)
+	if (has(IBV_QP_ALT_PATH))  // no automatic path migration on RoCE (the kernel refuses it too)
+		return refuse(EINVAL, "alternate paths are not supported");
 	if (has(IBV_QP_PATH_MTU) && (cmd.path_mtu < IBV_MTU_256 || cmd.path_mtu > IBV_MTU_4096))
-		return EINVAL;
-	if (has(IBV_QP_TIMEOUT) && cmd.timeout > 31)
-		return EINVAL;
-	if (has(IBV_QP_RETRY_CNT) && cmd.retry_cnt > 7)
-		return EINVAL;
-	if (has(IBV_QP_RNR_RETRY) && cmd.rnr_retry > 7)
-		return EINVAL;
-	if (has(IBV_QP_MIN_RNR_TIMER) && cmd.min_rnr_timer > 31)
-		return EINVAL;
+		return refuse(EINVAL, "bad path MTU");
+	if (has(IBV_QP_TIMEOUT) && cmd.timeout > ib::kMaxAckTimeout)
+		return refuse(EINVAL, "timeout over 31");
+	if (has(IBV_QP_RETRY_CNT) && cmd.retry_cnt > ib::kMaxRetryCount)
+		return refuse(EINVAL, "retry_cnt over 7");
+	if (has(IBV_QP_RNR_RETRY) && cmd.rnr_retry > ib::kMaxRnrRetry)
+		return refuse(EINVAL, "rnr_retry over 7");
+	if (has(IBV_QP_MIN_RNR_TIMER) && cmd.min_rnr_timer > ib::kMaxMinRnrTimer)
+		return refuse(EINVAL, "min_rnr_timer over 31");
 	if (has(IBV_QP_MAX_QP_RD_ATOMIC) && cmd.max_rd_atomic > DeviceLimits::max_qp_rd_atom)
-		return EINVAL;
+		return refuse(EINVAL, "limit: max_rd_atomic over max_qp_rd_atom");
 	if (has(IBV_QP_MAX_DEST_RD_ATOMIC) && cmd.max_dest_rd_atomic > DeviceLimits::max_qp_rd_atom)
-		return EINVAL;
+		return refuse(EINVAL, "limit: max_dest_rd_atomic over max_qp_rd_atom");
 	if (has(IBV_QP_PATH_MIG_STATE) && cmd.path_mig_state > IBV_MIG_ARMED)
-		return EINVAL;
-	if (has(IBV_QP_DEST_QPN) && cmd.dest_qp_num > 0xffffff)
-		return EINVAL;
+		return refuse(EINVAL, "bad path migration state");
+	if (has(IBV_QP_DEST_QPN) && cmd.dest_qp_num > ib::kMaxQpn)
+		return refuse(EINVAL, "dest_qp_num over 24 bits");
 	if (has(IBV_QP_ACCESS_FLAGS) && (cmd.qp_access_flags & ~kQpAccessFlags))
-		return EINVAL;
+		return refuse(EINVAL, "unknown access flags");
 	return 0;
 }
 
@@ -76,14 +76,14 @@ void apply_attributes(QpAttributes &a, const ib_uverbs_modify_qp &cmd)
 	auto has = [mask](uint32_t bit) { return (mask & bit) != 0; };
 	if (has(IBV_QP_AV)) {
 		a.dest = cmd.dest;
-		a.dest.flow_label &= kFlowLabelMask;
+		a.dest.flow_label &= ib::kFlowLabelMask;
 	}
 	if (has(IBV_QP_QKEY))
 		a.qkey = cmd.qkey;
 	if (has(IBV_QP_RQ_PSN))
-		a.rq_psn = cmd.rq_psn & kPsnMask;  // as the kernel does: masked, not refused
+		a.rq_psn = cmd.rq_psn & ib::kPsnMask;  // as the kernel does: masked, not refused
 	if (has(IBV_QP_SQ_PSN))
-		a.sq_psn = cmd.sq_psn & kPsnMask;
+		a.sq_psn = cmd.sq_psn & ib::kPsnMask;
 	if (has(IBV_QP_DEST_QPN))
 		a.dest_qp_num = cmd.dest_qp_num;
 	if (has(IBV_QP_ACCESS_FLAGS))
@@ -130,7 +130,7 @@ void publish_attributes(xsrc_qp_entry &e, const QpAttributes &a, ibv_qp_state st
 	e.max_rd_atomic = a.max_rd_atomic;
 	e.max_dest_rd_atomic = a.max_dest_rd_atomic;
 	std::memcpy(e.dgid, a.dest.dgid, sizeof(e.dgid));
-	store_release<__u32>(e.state, state + 1);
+	store_release(e.state, xsrc_qp_state_encode(state));
 }
 
 // IBTA: a QP attached to an SRQ reports "last WQE reached" once after
@@ -167,20 +167,20 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 {
 	Qp *qp = lookup<Qp>(ctx, request.qp_handle);
 	if (!qp)
-		return EINVAL;
+		return refuse(EINVAL, "no such QP handle");
 	ib_uverbs_modify_qp cmd = request;
 	cmd.attr_mask = applicable_mask(qp->qp_type, request.attr_mask);
 	Device &dev = *ctx.device;
 	const uint32_t mask = cmd.attr_mask;
-	ibv_qp_state cur = qp_state(dev, *qp);
+	ibv_qp_state cur = qp_current_state(dev, *qp);
 	// IBTA: a current state the consumer names must be the actual one.
 	if ((mask & IBV_QP_CUR_STATE) && cmd.cur_qp_state != cur)
-		return EINVAL;
+		return refuse(EINVAL, "cur_qp_state is not the QP's state");
 	if ((mask & IBV_QP_STATE) && cmd.qp_state > IBV_QPS_ERR)
-		return EINVAL;
+		return refuse(EINVAL, "unknown qp_state");
 	auto next = (mask & IBV_QP_STATE) ? static_cast<ibv_qp_state>(cmd.qp_state) : cur;
 	if (!qp_modify_allowed(cur, next, static_cast<ibv_qp_type>(qp->qp_type), mask))
-		return EINVAL;
+		return refuse(EINVAL, "transition not allowed for the QP type, or wrong attr_mask for it");
 	if (int err = check_attribute_values(dev, cmd))
 		return err;
 
@@ -207,7 +207,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 
 void qp_enter_error(Context &ctx, Qp &qp)
 {
-	store_release<__u32>(ctx.device->arena->qp_entry(qp.index).state, IBV_QPS_ERR + 1);
+	store_release(ctx.device->arena->qp_entry(qp.index).state, xsrc_qp_state_encode(IBV_QPS_ERR));
 }
 
 void qp_report_last_wqe(Context &ctx, Qp &qp)
@@ -219,7 +219,7 @@ int cmd_modify_qp(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_modify_qp>(req.core);
 	if (cmd.attr_mask & ~kStandardAttrMask)
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "unknown attr_mask bits");
 	if (int err = check_no_driver_data(req))
 		return err;
 	return modify_qp(ctx, cmd);
@@ -229,16 +229,16 @@ int cmd_ex_modify_qp(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_ex_modify_qp>(req.core);
 	if (cmd.base.attr_mask & ~(kStandardAttrMask | IBV_QP_RATE_LIMIT))
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "unknown attr_mask bits");
 	if (cmd.reserved)
-		return EINVAL;
+		return refuse(EINVAL, "non-zero reserved field");
 	if (int err = check_no_driver_data(req))
 		return err;
 	// The response is optional; when asked for, it must fit before anything changes.
 	bool wants_response = req.response || req.resp_len;
 	ib_uverbs_ex_modify_qp_resp resp{};
 	if (wants_response && req.core_resp_len < sizeof(resp))
-		return ENOSPC;
+		return refuse(ENOSPC, "no room for the response");
 	if (int err = modify_qp(ctx, cmd.base))
 		return err;
 	if (!wants_response)

@@ -5,25 +5,12 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 
+#include "common/atomic.h"
 #include "xsrc-queues.h"
 
 namespace xsrc {
-
-// Fields marked "atomic" in xsrc-queues.h are written and read only through these.
-template <typename T>
-void store_release(T &field, T value)
-{
-	std::atomic_ref<T>(field).store(value, std::memory_order_release);
-}
-
-template <typename T>
-T load_acquire(T &field)
-{
-	return std::atomic_ref<T>(field).load(std::memory_order_acquire);
-}
 
 // Smallest power of two >= v (v >= 1).
 uint64_t pow2_at_least(uint64_t v);

@@ -4,7 +4,7 @@
 // message names the SRQ, which must be of the receive QP's domain.
 #include <cstring>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
 
@@ -28,11 +28,11 @@ void publish_srq(Context &ctx, const Srq &srq, const Pd &pd, const Cq *cq, const
 	e.owner_context = ctx.id;
 	e.ring_off = srq.ring_off;
 	e.cq_off = cq ? cq->ring_off : 0;
-	e.pd_id = pd.pd_id;
-	e.xrcd_id = xrcd ? xrcd->xrcd_id : 0;
+	e.pd_id = pd.pd_id.value();
+	e.xrcd_id = xrcd ? xrcd->xrcd_id.value() : 0;
 	e.srq_type = srq.srq_type;
 	e.reserved = 0;
-	store_release<__u32>(e.srqn, srq.srqn());  // last: the entry is complete
+	store_release<__u32>(e.srqn, srq.srqn().value());  // last: the entry is complete
 }
 
 // Shared by CREATE_SRQ and CREATE_XSRQ (basic and XRC SRQs). The SRQ limit
@@ -41,31 +41,31 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 {
 	Pd *pd = lookup<Pd>(ctx, init.pd_handle);
 	if (!pd)
-		return EINVAL;
+		return refuse(EINVAL, "no such PD handle");
 	Xrcd *xrcd = nullptr;
 	Cq *cq = nullptr;
 	if (init.srq_type == IBV_SRQT_XRC) {
 		xrcd = lookup<Xrcd>(ctx, init.xrcd_handle);
 		cq = lookup<Cq>(ctx, init.cq_handle);
 		if (!xrcd || !cq)
-			return EINVAL;
+			return refuse(EINVAL, "no such XRC domain or CQ handle");
 	}
 	if (init.max_wr == 0 || init.max_wr > DeviceLimits::max_srq_wr || init.max_sge > DeviceLimits::max_sge)
-		return EINVAL;
+		return refuse(EINVAL, "limit: max_wr is 0 or over max_srq_wr, or max_sge over max_sge");
 	if (int err = check_no_driver_data(req))
 		return err;
 	Device &dev = *ctx.device;
 	if (dev.srq_slots.used() >= DeviceLimits::max_srq)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_srq SRQs on the device");
 	uint32_t entries = recv_ring_entries(init.max_wr);
 	uint64_t ring_off = dev.arena->allocate(recv_ring_bytes(entries, recv_ring_stride(init.max_sge)));
 	if (!ring_off)
-		return ENOMEM;
+		return refuse(ENOMEM, "arena full");
 	recv_ring_init(dev.arena->at<xsrc_recv_ring>(ring_off), entries, init.max_wr, init.max_sge, ctx.owner);
 
 	Srq srq;
 	srq.user_handle = init.user_handle;
-	srq.pd_handle = init.pd_handle;
+	srq.pd_handle = PdHandle(init.pd_handle);
 	srq.srq_type = init.srq_type;
 	if (xrcd) {
 		srq.xrcd_handle = init.xrcd_handle;
@@ -79,11 +79,11 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 		dev.arena->release(ring_off);
 		return err;
 	}
-	std::optional<uint32_t> index = dev.srq_slots.allocate({&ctx, handle});
+	std::optional<uint32_t> index = dev.srq_slots.allocate({&ctx, ObjHandle(handle)});
 	if (!index) {
 		erase_object(ctx, handle);
 		dev.arena->release(ring_off);
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: the device's SRQ numbers");
 	}
 	Srq &created = *lookup<Srq>(ctx, handle);
 	created.index = *index;
@@ -97,7 +97,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	resp.srq_handle = handle;
 	resp.max_wr = created.max_wr;
 	resp.max_sge = created.max_sge;
-	resp.srqn = created.srqn();
+	resp.srqn = created.srqn().value();
 	xsrc_create_srq_resp dresp{};
 	dresp.ring_off = ring_off;
 	if (int err = respond(caller, req, as_bytes_of(resp), as_bytes_of(dresp))) {
@@ -129,9 +129,9 @@ int cmd_create_xsrq(Context &ctx, Caller &caller, const Request &req)
 		init.cq_handle = cmd.cq_handle;
 		break;
 	case IBV_SRQT_TM:
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "tag-matching SRQs are not supported");
 	default:
-		return EINVAL;
+		return refuse(EINVAL, "unknown SRQ type");
 	}
 	return create_srq(ctx, caller, req, init);
 }
@@ -145,24 +145,24 @@ int cmd_modify_srq(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_modify_srq>(req.core);
 	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
 	if (!srq)
-		return EINVAL;
+		return refuse(EINVAL, "no such SRQ handle");
 	if (cmd.attr_mask & ~static_cast<uint32_t>(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
-		return EINVAL;
+		return refuse(EINVAL, "unknown attr_mask bits");
 	if (int err = check_no_driver_data(req))
 		return err;
 	xsrc_recv_ring &ring = ctx.device->arena->at<xsrc_recv_ring>(srq->ring_off);
 	uint32_t max_wr = srq->max_wr;
 	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
 		if (cmd.max_wr == 0 || cmd.max_wr > DeviceLimits::max_srq_wr)
-			return EINVAL;
+			return refuse(EINVAL, "limit: max_wr is 0 or over max_srq_wr");
 		if (recv_ring_entries(cmd.max_wr) > ring.num_entries)  // keep the ring's slack
-			return EOPNOTSUPP;
+			return refuse(EOPNOTSUPP, "max_wr past the ring: an SRQ does not grow");
 		if (cmd.max_wr < recv_ring_pending(ring))
-			return EINVAL;
+			return refuse(EINVAL, "max_wr below the receives pending");
 		max_wr = cmd.max_wr;
 	}
 	if ((cmd.attr_mask & IBV_SRQ_LIMIT) && cmd.srq_limit > max_wr)
-		return EINVAL;
+		return refuse(EINVAL, "srq_limit over max_wr");
 
 	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
 		srq->max_wr = max_wr;
@@ -178,7 +178,7 @@ int cmd_query_srq(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_query_srq>(req.core);
 	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
 	if (!srq)
-		return EINVAL;
+		return refuse(EINVAL, "no such SRQ handle");
 	if (int err = check_no_driver_data(req))
 		return err;
 	xsrc_recv_ring &ring = ctx.device->arena->at<xsrc_recv_ring>(srq->ring_off);
@@ -217,9 +217,9 @@ int cmd_destroy_srq(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_destroy_srq>(req.core);
 	Srq *srq = lookup<Srq>(ctx, cmd.srq_handle);
 	if (!srq)
-		return EINVAL;
+		return refuse(EINVAL, "no such SRQ handle");
 	if (srq->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	ib_uverbs_destroy_srq_resp resp{};
 	resp.events_reported = srq->events_reported -
 		reclaim_unread_async_events(ctx, srq->user_handle, srq->events_reported);

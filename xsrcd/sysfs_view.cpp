@@ -16,6 +16,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/fd.h"
 #include "xsrc-abi.h"
 #include "xsrc-queues.h"
 
@@ -54,20 +55,20 @@ int make_dirs(const fs::path &dir)
 
 bool same_content(const fs::path &path, std::string_view content)
 {
-	int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+	if (!fd)
 		return false;
 	std::string have(content.size() + 1, '\0');  // one extra byte catches a longer file
 	size_t got = 0;
 	while (got < have.size()) {
-		ssize_t n = ::read(fd, have.data() + got, have.size() - got);
+		ssize_t n = ::read(fd.get(), have.data() + got, have.size() - got);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			break;
 		got += static_cast<size_t>(n);
 	}
-	::close(fd);
+	fd.reset();
 	return got == content.size() && std::string_view(have.data(), got) == content;
 }
 

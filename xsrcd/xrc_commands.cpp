@@ -8,7 +8,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "command_handlers.h"
+#include "dispatcher_handlers.h"
 
 namespace xsrc {
 namespace {
@@ -19,13 +19,13 @@ constexpr uint32_t kNoFd = 0xffffffffu;
 constexpr uint32_t kKnownOflags = O_ACCMODE | O_CREAT | O_EXCL;
 
 // Ids count up and wrap, so that a freed id is not reused at once.
-uint32_t allocate_xrcd_id(Device &dev)
+XrcdId allocate_xrcd_id(Device &dev)
 {
 	uint32_t id = dev.next_xrcd_id;
-	while (id == 0 || dev.xrcds.count(id))
+	while (id == 0 || dev.xrcds.count(XrcdId(id)))
 		id = id == UINT32_MAX ? 1 : id + 1;
 	dev.next_xrcd_id = id == UINT32_MAX ? 1 : id + 1;
-	return id;
+	return XrcdId(id);
 }
 
 }  // namespace
@@ -36,35 +36,35 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_open_xrcd>(req.core);
 	if (cmd.oflags & ~kKnownOflags)
-		return EINVAL;
+		return refuse(EINVAL, "unknown oflags");
 	if (int err = check_no_driver_data(req))
 		return err;
 	Device &dev = *ctx.device;
 
 	std::optional<std::pair<dev_t, ino_t>> inode;
-	OwnedFd file;
-	uint32_t xrcd_id = 0;  // 0: a new domain
+	unique_fd file;
+	XrcdId xrcd_id;  // XrcdId() (0): a new domain
 	if (cmd.fd != kNoFd) {
 		if (cmd.fd > INT32_MAX)
-			return EBADF;
-		file = OwnedFd(caller.take_fd(static_cast<int>(cmd.fd)));
+			return refuse(EBADF, "bad fd number");
+		file = unique_fd(caller.take_fd(static_cast<int>(cmd.fd)));
 		if (!file)
-			return EBADF;
+			return refuse(EBADF, "the caller has no such fd");
 		struct stat st;
 		if (fstat(file.get(), &st))
-			return EBADF;
+			return refuse(EBADF, "cannot stat the fd");
 		inode = std::pair{st.st_dev, st.st_ino};
 		auto it = dev.xrcds_by_inode.find(*inode);
 		if (it == dev.xrcds_by_inode.end() && !(cmd.oflags & O_CREAT))
-			return EAGAIN;
+			return refuse(EAGAIN, "no XRC domain for this file, and no O_CREAT");
 		if (it != dev.xrcds_by_inode.end() && (cmd.oflags & O_EXCL))
-			return EINVAL;
+			return refuse(EINVAL, "O_EXCL and the file has an XRC domain");
 		if (it != dev.xrcds_by_inode.end())
 			xrcd_id = it->second;
 	}
-	bool create = xrcd_id == 0;
+	bool create = xrcd_id == XrcdId();
 	if (create && dev.xrcds.size() >= DeviceLimits::max_xrcd)
-		return ENOMEM;
+		return refuse(ENOMEM, "limit: max_xrcd XRC domains on the device");
 	if (create)
 		xrcd_id = allocate_xrcd_id(dev);
 
@@ -80,7 +80,7 @@ int cmd_open_xrcd(Context &ctx, Caller &caller, const Request &req)
 		domain.inode = inode;
 		if (inode) {
 			// Held while the domain lives, as the kernel holds the inode.
-			domain.file = std::make_shared<OwnedFd>(std::move(file));
+			domain.file = std::make_shared<unique_fd>(std::move(file));
 			dev.xrcds_by_inode[*inode] = xrcd_id;
 		}
 	}
@@ -96,9 +96,9 @@ int cmd_close_xrcd(Context &ctx, Caller &, const Request &req)
 	auto cmd = load<ib_uverbs_close_xrcd>(req.core);
 	Xrcd *xrcd = lookup<Xrcd>(ctx, cmd.xrcd_handle);
 	if (!xrcd)
-		return EINVAL;
+		return refuse(EINVAL, "no such XRC domain handle");
 	if (xrcd->use_count)
-		return EBUSY;
+		return refuse(EBUSY, "still in use");
 	release_xrcd(ctx, cmd.xrcd_handle);
 	return 0;
 }

@@ -11,7 +11,7 @@
 // addresses, its fds are pipes (and a few regular files) made on first use.
 // Findings, besides what ASan/UBSan/LSan report:
 //  - a response byte written outside the room the command offered;
-//  - an errno outside 1..4095 from execute_command;
+//  - an errno outside 1..4095 from dispatch_command;
 //  - an fd, object, id, slot or arena page left behind once the context is
 //    destroyed.
 #include <dirent.h>
@@ -32,8 +32,9 @@
 
 #include "arena.h"
 #include "command_capture.h"
-#include "commands.h"
+#include "dispatcher.h"
 #include "device.h"
+#include "log.h"
 #include "netdev.h"
 #include "objects.h"
 
@@ -367,11 +368,11 @@ void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> in
 			std::memcpy(command.data() + 8, &room, 8);
 		}
 		caller.begin(room, room_len, h.flags & capture::kCallerMapsAll, h.flags & capture::kFreshFds);
-		int err = execute_command(ctx, caller, command);
+		int err = dispatch_command(ctx, caller, command);
 		if (g_trace)
 			trace(command, err, caller.response());
 		if (err < 0 || err >= 4096)
-			finding("execute_command returned no errno");
+			finding("dispatch_command returned no errno");
 		return ++records < kMaxRecords;
 	});
 
@@ -379,6 +380,14 @@ void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> in
 	if (!ctx.objects.empty() || !ctx.channels.empty() || !ctx.channel_pool.empty())
 		finding("destroy_context_objects left objects in the context");
 	std::erase(dev.contexts, &ctx);
+}
+
+// The debug line of every refusal is built, so that its code is fuzzed too;
+// with XSRC_FUZZ_TRACE=1 it is printed (it says which check refused).
+void debug_sink(std::string_view line)
+{
+	if (g_trace)
+		fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
 }
 
 }  // namespace
@@ -392,6 +401,8 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***)
 	}
 	const char *trace_env = getenv("XSRC_FUZZ_TRACE");
 	g_trace = trace_env && *trace_env == '1';
+	set_log_sink(debug_sink);
+	set_debug_enabled(true);
 	const char *dir = getenv("XSRC_FUZZ_SHM_DIR");
 	g_arena_path = std::string(dir && *dir ? dir : "/dev/shm") + "/xsrc-fuzz-" + std::to_string(getpid());
 	return 0;

@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "commands.h"
+#include "dispatcher.h"
 #include "device.h"
+#include "log.h"
 #include "xsrc-abi.h"
+#include "xsrc-qp-state.h"
 #include "xsrc-queues.h"
 
 namespace xsrc::test {
@@ -72,6 +74,45 @@ struct QpSpec {
 	uint64_t user_handle = 0xabc0;
 };
 
+// The GID of the peer that modify_cmd() connects QPs to.
+inline constexpr uint8_t kPeerGid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 7};
+// Some of the values modify_cmd() sets, for tests to find them again.
+inline constexpr uint32_t kModifyRqPsn = 0x111;
+inline constexpr uint32_t kModifySqPsn = 0x222;
+inline constexpr uint32_t kModifyDestQpn = 0x345;
+inline constexpr uint8_t kModifyPathMtu = IBV_MTU_1024;
+
+// A MODIFY_QP to `to` with every attribute set to a valid value; the mask
+// decides what is sent.
+inline ib_uverbs_modify_qp modify_cmd(uint32_t qp, ibv_qp_state to, uint32_t mask)
+{
+	ib_uverbs_modify_qp m{};
+	m.qp_handle = qp;
+	m.attr_mask = mask;
+	m.qp_state = uint8_t(to);
+	std::memcpy(m.dest.dgid, kPeerGid, 16);
+	m.dest.hop_limit = 64;
+	m.dest.sgid_index = 0;
+	m.dest.is_global = 1;
+	m.dest.port_num = 1;
+	m.dest.traffic_class = 3;
+	m.qkey = 0x11111111;
+	m.rq_psn = kModifyRqPsn;
+	m.sq_psn = kModifySqPsn;
+	m.dest_qp_num = kModifyDestQpn;
+	m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	m.pkey_index = 0;
+	m.port_num = 1;
+	m.path_mtu = kModifyPathMtu;
+	m.max_rd_atomic = 4;
+	m.max_dest_rd_atomic = 8;
+	m.min_rnr_timer = 12;
+	m.timeout = 14;
+	m.retry_cnt = 6;
+	m.rnr_retry = 7;
+	return m;
+}
+
 struct CreatedQp {
 	uint32_t handle = 0;
 	uint32_t qpn = 0;
@@ -96,6 +137,8 @@ protected:
 		ctx.caller = std::make_unique<ProcessCaller>(getpid());
 		ASSERT_TRUE(ctx.caller->valid());
 		dev.contexts.push_back(&ctx);
+		// XSRC_DEBUG=1 build/bin/xsrcd_core_tests: every refusal on stderr.
+		set_debug_enabled(debug_requested_by_environment());
 	}
 	void TearDown() override { destroy_context_objects(ctx); }
 
@@ -119,7 +162,7 @@ protected:
 		std::memcpy(buf.data() + sizeof(hdr), &core, sizeof(Core));
 		if (!driver.empty())
 			std::memcpy(buf.data() + sizeof(hdr) + sizeof(Core), driver.data(), driver.size());
-		return execute_command(c, *c.caller, buf);
+		return dispatch_command(c, *c.caller, buf);
 	}
 
 	// An extended command; `driver_out` bytes of the response are driver data.
@@ -135,7 +178,7 @@ protected:
 		std::memcpy(buf.data(), &hdr, sizeof(hdr));
 		std::memcpy(buf.data() + sizeof(hdr), &ex, sizeof(ex));
 		std::memcpy(buf.data() + sizeof(hdr) + sizeof(ex), &core, sizeof(Core));
-		return execute_command(ctx, *ctx.caller, buf);
+		return dispatch_command(ctx, *ctx.caller, buf);
 	}
 
 	int get_context(xsrc_get_context_req &drv, xsrc_get_context_resp *dresp_out = nullptr,
@@ -175,6 +218,12 @@ protected:
 
 	int reg_mr(uint32_t pd, void *addr, size_t len, uint32_t access, ib_uverbs_reg_mr_resp &resp)
 	{
+		return reg_mr_on(ctx, pd, addr, len, access, resp);
+	}
+
+	int reg_mr_on(Context &c, uint32_t pd, void *addr, size_t len, uint32_t access,
+		      ib_uverbs_reg_mr_resp &resp)
+	{
 		ib_uverbs_reg_mr cmd{};
 		cmd.response = reinterpret_cast<uintptr_t>(&resp);
 		cmd.start = reinterpret_cast<uintptr_t>(addr);
@@ -182,7 +231,7 @@ protected:
 		cmd.hca_va = cmd.start;
 		cmd.pd_handle = pd;
 		cmd.access_flags = access;
-		return run(IB_USER_VERBS_CMD_REG_MR, cmd, {}, sizeof(resp));
+		return run_on(c, IB_USER_VERBS_CMD_REG_MR, cmd, {}, sizeof(resp));
 	}
 
 	int create_channel(int &fd)

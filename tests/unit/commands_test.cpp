@@ -66,28 +66,28 @@ TEST_F(CommandsTest, MalformedHeadersGetEinvalOrEopnotsupp)
 {
 	init_context();
 	std::byte tiny[4]{};
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, tiny), EINVAL);
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, tiny), EINVAL);
 
 	ib_uverbs_dealloc_pd cmd{7};
 	std::vector<std::byte> buf(sizeof(ib_uverbs_cmd_hdr) + sizeof(cmd));
 	ib_uverbs_cmd_hdr hdr{IB_USER_VERBS_CMD_DEALLOC_PD, uint16_t(buf.size() / 4 + 1), 0};
 	std::memcpy(buf.data(), &hdr, sizeof(hdr));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EINVAL);  // in_words lies
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, buf), EINVAL);  // in_words lies
 
 	hdr = {0x7e, uint16_t(buf.size() / 4), 0};
 	std::memcpy(buf.data(), &hdr, sizeof(hdr));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EOPNOTSUPP);  // unknown command
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, buf), EOPNOTSUPP);  // unknown command
 
 	hdr = {IB_USER_VERBS_CMD_DEALLOC_PD | 0x00100000, uint16_t(buf.size() / 4), 0};
 	std::memcpy(buf.data(), &hdr, sizeof(hdr));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, buf), EINVAL);  // undefined flag bits
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, buf), EINVAL);  // undefined flag bits
 
 	// Truncated: header says 2 words, the command needs a core struct
 	// (ENOSPC, as the kernel answers a request shorter than its struct).
 	std::byte hdr_only[8];
 	hdr = {IB_USER_VERBS_CMD_REG_MR, 2, 0};
 	std::memcpy(hdr_only, &hdr, sizeof(hdr));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, hdr_only), ENOSPC);
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, hdr_only), ENOSPC);
 
 	// No response expected but out_words given.
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, cmd, {}, 8), EINVAL);
@@ -97,12 +97,12 @@ TEST_F(CommandsTest, MalformedHeadersGetEinvalOrEopnotsupp)
 	std::vector<std::byte> ex(8 + 16 + sizeof(q) + 8);
 	ib_uverbs_cmd_hdr xh{IB_USER_VERBS_CMD_QUERY_DEVICE | IB_USER_VERBS_CMD_FLAG_EXTENDED, 1, 0};
 	std::memcpy(ex.data(), &xh, sizeof(xh));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, ex), EINVAL);
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, ex), EINVAL);
 	ib_uverbs_ex_cmd_hdr exh{};
 	exh.cmd_hdr_reserved = 1;
 	std::memcpy(ex.data() + 8, &exh, sizeof(exh));
 	ex.resize(8 + 16 + sizeof(q));
-	EXPECT_EQ(execute_command(ctx, *ctx.caller, ex), EINVAL);
+	EXPECT_EQ(dispatch_command(ctx, *ctx.caller, ex), EINVAL);
 }
 
 TEST_F(CommandsTest, UnknownDriverDataIsRefused)
@@ -324,11 +324,11 @@ TEST_F(CommandsTest, PdsGetDeviceWideIds)
 	uint32_t pd1 = alloc_pd(&id1), pd2 = alloc_pd(&id2);
 	EXPECT_NE(id1, 0u);
 	EXPECT_NE(id1, id2);
-	EXPECT_EQ(std::get<Pd>(ctx.objects.at(pd1)).pd_id, id1);
+	EXPECT_EQ(std::get<Pd>(ctx.objects.at(pd1)).pd_id, PdId(id1));
 	EXPECT_EQ(dev.pd_ids.size(), 2u);
 	ib_uverbs_dealloc_pd dealloc{pd2};
 	ASSERT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), 0);
-	EXPECT_EQ(dev.pd_ids.count(id2), 0u);
+	EXPECT_EQ(dev.pd_ids.count(PdId(id2)), 0u);
 	uint32_t id3 = 0;
 	alloc_pd(&id3);
 	EXPECT_NE(id3, id2);  // not reused at once
@@ -378,7 +378,7 @@ TEST_F(CommandsTest, CqRingsAreLaidOutForTheDataPath)
 	auto *slots = reinterpret_cast<xsrc_cqe *>(&ring + 1);
 	for (uint32_t i = 0; i < ring.num_entries; ++i)
 		ASSERT_EQ(slots[i].seq, i);
-	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, ObjHandle(cq));
 
 	uint32_t small, big;
 	uint64_t small_off = 0, big_off = 0;
@@ -430,8 +430,8 @@ TEST_F(CommandsTest, ResizeCqInPlaceOrToANewRing)
 	EXPECT_EQ(moved.cqe, 1000u);
 	EXPECT_EQ(moved.armed, uint32_t(XSRC_CQ_ARMED_NEXT));  // an armed CQ stays armed
 	EXPECT_TRUE(arena().allocated(off));  // the owner still drains the old ring
-	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, cq);
-	EXPECT_EQ(dev.cqs_by_ring.at(got).handle, cq);
+	EXPECT_EQ(dev.cqs_by_ring.at(off).handle, ObjHandle(cq));
+	EXPECT_EQ(dev.cqs_by_ring.at(got).handle, ObjHandle(cq));
 	EXPECT_EQ(resize(0, got), EINVAL);
 	EXPECT_EQ(resize(DeviceLimits::max_cqe + 1, got), EINVAL);
 

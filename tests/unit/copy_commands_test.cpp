@@ -108,14 +108,7 @@ protected:
 	uint32_t reg_on(Context &c, uint32_t pd, void *addr, size_t len, uint32_t access)
 	{
 		ib_uverbs_reg_mr_resp resp{};
-		ib_uverbs_reg_mr cmd{};
-		cmd.response = reinterpret_cast<uintptr_t>(&resp);
-		cmd.start = reinterpret_cast<uintptr_t>(addr);
-		cmd.length = len;
-		cmd.hca_va = cmd.start;
-		cmd.pd_handle = pd;
-		cmd.access_flags = access;
-		EXPECT_EQ(run_on(c, IB_USER_VERBS_CMD_REG_MR, cmd, {}, sizeof(resp)), 0);
+		EXPECT_EQ(reg_mr_on(c, pd, addr, len, access, resp), 0);
 		return resp.rkey;
 	}
 

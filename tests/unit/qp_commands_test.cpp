@@ -5,12 +5,8 @@
 #include "command_fixture.h"
 #include "qp_state.h"
 
-namespace xsrc {
+namespace xsrc::test {
 namespace {
-
-using test::CreatedQp;
-using test::QpSpec;
-using test::Resp;
 
 constexpr ibv_qp_state kStates[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS,
 				    IBV_QPS_SQD,   IBV_QPS_SQE,  IBV_QPS_ERR};
@@ -49,38 +45,6 @@ uint32_t required(uint8_t type, ibv_qp_state from, ibv_qp_state to)
 	return 0;
 }
 
-const uint8_t kPeerGid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 7};
-
-// Every attribute set to a valid value; the mask decides what is sent.
-ib_uverbs_modify_qp modify_cmd(uint32_t qp, ibv_qp_state to, uint32_t mask)
-{
-	ib_uverbs_modify_qp m{};
-	m.qp_handle = qp;
-	m.attr_mask = mask;
-	m.qp_state = uint8_t(to);
-	std::memcpy(m.dest.dgid, kPeerGid, 16);
-	m.dest.hop_limit = 64;
-	m.dest.sgid_index = 0;
-	m.dest.is_global = 1;
-	m.dest.port_num = 1;
-	m.dest.traffic_class = 3;
-	m.qkey = 0x11111111;
-	m.rq_psn = 0x111;
-	m.sq_psn = 0x222;
-	m.dest_qp_num = 0x345;
-	m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	m.pkey_index = 0;
-	m.port_num = 1;
-	m.path_mtu = IBV_MTU_1024;
-	m.max_rd_atomic = 4;
-	m.max_dest_rd_atomic = 8;
-	m.min_rnr_timer = 12;
-	m.timeout = 14;
-	m.retry_cnt = 6;
-	m.rnr_retry = 7;
-	return m;
-}
-
 class QpCommandsTest : public test::CommandFixture {
 protected:
 	void SetUp() override
@@ -89,7 +53,7 @@ protected:
 		basic_objects();
 	}
 
-	ibv_qp_state state_of(const CreatedQp &qp) { return ibv_qp_state(qp_entry(qp.qpn).state - 1); }
+	ibv_qp_state state_of(const CreatedQp &qp) { return xsrc_qp_state_decode(qp_entry(qp.qpn).state); }
 
 	int step(const CreatedQp &qp, uint8_t type, ibv_qp_state from, ibv_qp_state to)
 	{
@@ -118,7 +82,7 @@ protected:
 		if (target == IBV_QPS_SQD) {
 			ASSERT_EQ(step(qp, type, IBV_QPS_RTS, IBV_QPS_SQD), 0);
 		} else if (target == IBV_QPS_SQE) {
-			qp_entry(qp.qpn).state = IBV_QPS_SQE + 1;
+			qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_SQE);
 		}
 	}
 
@@ -146,7 +110,7 @@ TEST_F(QpCommandsTest, CreatePublishesAResetQpAndItsReceiveRing)
 	EXPECT_EQ(qp.core.max_inline_data, 64u);
 
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(e.qpn, qp.qpn);
 	EXPECT_EQ(e.generation, 1u);
 	EXPECT_EQ(e.owner_pid, uint32_t(getpid()));
@@ -360,7 +324,7 @@ TEST_F(QpCommandsTest, CurrentStateMustMatch)
 	EXPECT_EQ(modify_qp(cmd), EINVAL);
 
 	// The device moved the QP to SQE: the consumer says so and resumes it.
-	qp_entry(qp.qpn).state = IBV_QPS_SQE + 1;
+	qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_SQE);
 	cmd.cur_qp_state = IBV_QPS_RTS;
 	EXPECT_EQ(modify_qp(cmd), EINVAL);
 	cmd.cur_qp_state = IBV_QPS_SQE;
@@ -376,7 +340,7 @@ TEST_F(QpCommandsTest, CurrentStateMustMatch)
 	EXPECT_EQ(modify_qp(rtr), EINVAL);
 
 	// A provider that found an error set ERR: the daemon sees it.
-	qp_entry(qp.qpn).state = IBV_QPS_ERR + 1;
+	qp_entry(qp.qpn).state = xsrc_qp_state_encode(IBV_QPS_ERR);
 	EXPECT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RTS, IBV_QP_STATE)), EINVAL);
 	EXPECT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RESET, IBV_QP_STATE)), 0);
 }
@@ -457,13 +421,13 @@ TEST_F(QpCommandsTest, ArenaEntryAndQueryFollowModify)
 	bring_to(qp, IBV_QPT_RC, IBV_QPS_RTS);
 
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RTS + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RTS));
 	EXPECT_EQ(e.port_num, 1);
-	EXPECT_EQ(e.path_mtu, IBV_MTU_1024);
-	EXPECT_EQ(e.dest_qpn, 0x345u);
+	EXPECT_EQ(e.path_mtu, kModifyPathMtu);
+	EXPECT_EQ(e.dest_qpn, kModifyDestQpn);
 	EXPECT_EQ(std::memcmp(e.dgid, kPeerGid, 16), 0);
 	EXPECT_EQ(e.rq_psn, 0x111u);
-	EXPECT_EQ(e.sq_psn, 0x222u);
+	EXPECT_EQ(e.sq_psn, kModifySqPsn);
 	EXPECT_EQ(e.access_flags, uint32_t(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
 	EXPECT_EQ(e.min_rnr_timer, 12);
 	EXPECT_EQ(e.timeout, 14);
@@ -487,11 +451,11 @@ TEST_F(QpCommandsTest, ArenaEntryAndQueryFollowModify)
 	EXPECT_EQ(q.max_recv_sge, 2u);
 	EXPECT_EQ(q.max_inline_data, 64u);
 	EXPECT_EQ(q.rq_psn, 0x111u);
-	EXPECT_EQ(q.sq_psn, 0x222u);
-	EXPECT_EQ(q.dest_qp_num, 0x345u);
+	EXPECT_EQ(q.sq_psn, kModifySqPsn);
+	EXPECT_EQ(q.dest_qp_num, kModifyDestQpn);
 	EXPECT_EQ(q.qp_access_flags, uint32_t(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
 	EXPECT_EQ(q.pkey_index, 0);
-	EXPECT_EQ(q.path_mtu, IBV_MTU_1024);
+	EXPECT_EQ(q.path_mtu, kModifyPathMtu);
 	EXPECT_EQ(q.sq_draining, 0);
 	EXPECT_EQ(q.max_rd_atomic, 4);
 	EXPECT_EQ(q.max_dest_rd_atomic, 8);
@@ -511,7 +475,7 @@ TEST_F(QpCommandsTest, ArenaEntryAndQueryFollowModify)
 	rq.head = 1;
 	slot0->seq = 17;
 	ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RESET, IBV_QP_STATE)), 0);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(rq.tail, 0u);
 	EXPECT_EQ(rq.head, 0u);
 	EXPECT_EQ(slot0->seq, 0u);
@@ -555,7 +519,7 @@ TEST_F(QpCommandsTest, ObjectsInUseAreBusy)
 	ASSERT_EQ(create_qp(s, qp), 0);
 	EXPECT_EQ(qp.drv.rq_off, 0u);     // receives come from the SRQ
 	EXPECT_EQ(qp.core.max_recv_wr, 0u);
-	EXPECT_EQ(qp_entry(qp.qpn).srqn, std::get<Srq>(ctx.objects.at(srq)).srqn());
+	EXPECT_EQ(qp_entry(qp.qpn).srqn, std::get<Srq>(ctx.objects.at(srq)).srqn().value());
 
 	ib_uverbs_dealloc_pd dealloc{pd0};
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), EBUSY);
@@ -642,4 +606,4 @@ TEST_F(QpCommandsTest, TableCoversXrc)
 }
 
 }  // namespace
-}  // namespace xsrc
+}  // namespace xsrc::test

@@ -11,7 +11,7 @@ namespace {
 ObjectRef ref(uint32_t handle)
 {
 	static Context ctx;
-	return {&ctx, handle};
+	return {&ctx, ObjHandle(handle)};
 }
 
 TEST(SlotTable, RoundRobinUntilFull)

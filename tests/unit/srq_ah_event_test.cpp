@@ -3,13 +3,8 @@
 // context teardown leaving the arena's tables empty.
 #include "command_fixture.h"
 
-namespace xsrc {
+namespace xsrc::test {
 namespace {
-
-using test::CreatedQp;
-using test::Pipe;
-using test::QpSpec;
-using test::Resp;
 
 class SrqAhEventTest : public test::CommandFixture {
 protected:
@@ -267,7 +262,7 @@ TEST_F(SrqAhEventTest, AsyncEventsReachTheOwnerAndAreCounted)
 	ASSERT_EQ(raise_event(XSRC_EVENT_SRQ_LIMIT, srq_core.srqn), 0);
 	EXPECT_EQ(arena().at<xsrc_recv_ring>(srq_drv.ring_off).srq_limit, 0u);  // disarmed
 	ASSERT_EQ(raise_event(XSRC_EVENT_QP_FATAL, qp.qpn), 0);
-	EXPECT_EQ(qp_entry(qp.qpn).state, uint32_t(IBV_QPS_ERR + 1));
+	EXPECT_EQ(qp_entry(qp.qpn).state, xsrc_qp_state_encode(IBV_QPS_ERR));
 	ASSERT_EQ(raise_event(XSRC_EVENT_QP_LAST_WQE, qp.qpn), 0);  // already reported
 
 	auto events = test::records<ib_uverbs_async_event_desc>(async.drain());
@@ -368,4 +363,4 @@ TEST_F(SrqAhEventTest, TeardownEmptiesTheArenaTables)
 }
 
 }  // namespace
-}  // namespace xsrc
+}  // namespace xsrc::test

@@ -11,16 +11,10 @@
 
 #include "command_fixture.h"
 
-namespace xsrc {
+namespace xsrc::test {
 namespace {
 
-using test::CreatedQp;
-using test::Pipe;
-using test::QpSpec;
-using test::Resp;
-
 constexpr uint32_t kNoFd = 0xffffffffu;
-const uint8_t kPeerGid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 9};
 
 constexpr uint32_t kInitMask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 // What an application's RC code sends; the XRC types ignore what they lack.
@@ -28,31 +22,6 @@ constexpr uint32_t kRtrMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_Q
 			      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 constexpr uint32_t kRtsMask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 			      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
-
-ib_uverbs_modify_qp modify_cmd(uint32_t qp, ibv_qp_state to, uint32_t mask)
-{
-	ib_uverbs_modify_qp m{};
-	m.qp_handle = qp;
-	m.attr_mask = mask;
-	m.qp_state = uint8_t(to);
-	std::memcpy(m.dest.dgid, kPeerGid, 16);
-	m.dest.hop_limit = 64;
-	m.dest.is_global = 1;
-	m.dest.port_num = 1;
-	m.rq_psn = 0x1234;
-	m.sq_psn = 0x5678;
-	m.dest_qp_num = 0x4321;
-	m.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	m.port_num = 1;
-	m.path_mtu = IBV_MTU_2048;
-	m.max_rd_atomic = 4;
-	m.max_dest_rd_atomic = 8;
-	m.min_rnr_timer = 12;
-	m.timeout = 14;
-	m.retry_cnt = 6;
-	m.rnr_retry = 7;
-	return m;
-}
 
 // A second context on the device: another process, as far as the daemon
 // can tell (own handles, own async pipe, own fds).
@@ -140,7 +109,7 @@ protected:
 	{
 		auto it = c.objects.find(handle);
 		const Xrcd *x = it == c.objects.end() ? nullptr : std::get_if<Xrcd>(&it->second);
-		return x ? x->xrcd_id : 0;
+		return x ? x->xrcd_id.value() : 0;
 	}
 
 	int create_xsrq(Context &c, uint32_t pd, uint32_t xrcd, uint32_t cq, uint32_t &handle,
@@ -240,7 +209,7 @@ protected:
 		return run_on(c, IB_USER_VERBS_CMD_DESTROY_SRQ, cmd, {}, sizeof(resp));
 	}
 
-	ibv_qp_state state_of(uint32_t qpn) { return ibv_qp_state(qp_entry(qpn).state - 1); }
+	ibv_qp_state state_of(uint32_t qpn) { return xsrc_qp_state_decode(qp_entry(qpn).state); }
 
 	~XrcCommandsTest() override
 	{
@@ -440,7 +409,7 @@ TEST_F(XrcCommandsTest, SendQpHasNoReceiveSide)
 	EXPECT_EQ(qp.core.max_inline_data, 64u);
 	EXPECT_EQ(qp.drv.rq_off, 0u);
 	const xsrc_qp_entry &e = qp_entry(qp.qpn);
-	EXPECT_EQ(e.state, uint32_t(IBV_QPS_RESET + 1));
+	EXPECT_EQ(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 	EXPECT_EQ(e.qp_type, IBV_QPT_XRC_SEND);
 	EXPECT_EQ(e.pd_id, pd0_id);
 	EXPECT_EQ(e.send_cq_off, cq0_ring);
@@ -465,11 +434,11 @@ TEST_F(XrcCommandsTest, SendQpHasNoReceiveSide)
 	EXPECT_EQ(state_of(qp.qpn), IBV_QPS_RTR);
 	EXPECT_EQ(e.min_rnr_timer, 0u);       // ignored, not applied
 	EXPECT_EQ(e.max_dest_rd_atomic, 0u);
-	EXPECT_EQ(e.dest_qpn, 0x4321u);
+	EXPECT_EQ(e.dest_qpn, kModifyDestQpn);
 	EXPECT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RTS, kRtsMask & ~IBV_QP_RETRY_CNT)), EINVAL);
 	ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RTS, kRtsMask)), 0);
 	EXPECT_EQ(state_of(qp.qpn), IBV_QPS_RTS);
-	EXPECT_EQ(e.sq_psn, 0x5678u);
+	EXPECT_EQ(e.sq_psn, kModifySqPsn);
 	EXPECT_EQ(e.retry_cnt, 6u);
 	EXPECT_EQ(e.max_rd_atomic, 4u);
 
@@ -477,7 +446,7 @@ TEST_F(XrcCommandsTest, SendQpHasNoReceiveSide)
 	ASSERT_EQ(query_qp(qp.handle, q), 0);
 	EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
 	EXPECT_EQ(q.max_recv_wr, 0u);
-	EXPECT_EQ(q.sq_psn, 0x5678u);
+	EXPECT_EQ(q.sq_psn, kModifySqPsn);
 
 	// Only the send CQ is held.
 	ASSERT_EQ(destroy_qp(qp.handle), 0);
@@ -554,12 +523,12 @@ TEST_F(XrcCommandsTest, RecvQpBelongsToTheDomain)
 	rts.rnr_retry = 99;  // would be refused where it applies
 	ASSERT_EQ(modify_qp(rts), 0);
 	EXPECT_EQ(state_of(qp.qpn), IBV_QPS_RTS);
-	EXPECT_EQ(e.dest_qpn, 0x4321u);
-	EXPECT_EQ(e.rq_psn, 0x1234u);
+	EXPECT_EQ(e.dest_qpn, kModifyDestQpn);
+	EXPECT_EQ(e.rq_psn, kModifyRqPsn);
 	EXPECT_EQ(e.min_rnr_timer, 12u);
 	EXPECT_EQ(e.max_dest_rd_atomic, 8u);
 	EXPECT_EQ(e.access_flags, uint32_t(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
-	EXPECT_EQ(e.path_mtu, IBV_MTU_2048);
+	EXPECT_EQ(e.path_mtu, kModifyPathMtu);
 	EXPECT_EQ(e.timeout, 14u);
 	EXPECT_EQ(e.retry_cnt, 0u);  // ignored
 	EXPECT_EQ(e.rnr_retry, 0u);
@@ -569,8 +538,8 @@ TEST_F(XrcCommandsTest, RecvQpBelongsToTheDomain)
 	ib_uverbs_query_qp_resp q{};
 	ASSERT_EQ(query_qp(qp.handle, q), 0);
 	EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
-	EXPECT_EQ(q.dest_qp_num, 0x4321u);
-	EXPECT_EQ(q.rq_psn, 0x1234u);
+	EXPECT_EQ(q.dest_qp_num, kModifyDestQpn);
+	EXPECT_EQ(q.rq_psn, kModifyRqPsn);
 	EXPECT_EQ(q.min_rnr_timer, 12u);
 	EXPECT_EQ(q.max_dest_rd_atomic, 8u);
 	EXPECT_EQ(q.qp_access_flags, uint32_t(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
@@ -622,11 +591,11 @@ TEST_F(XrcCommandsTest, OpenQpFromAnotherContext)
 	ib_uverbs_query_qp_resp q{};
 	ASSERT_EQ(query_qp(tgt.handle, q), 0);
 	EXPECT_EQ(q.qp_state, IBV_QPS_RTR);
-	EXPECT_EQ(q.dest_qp_num, 0x4321u);
+	EXPECT_EQ(q.dest_qp_num, kModifyDestQpn);
 	ASSERT_EQ(modify_qp(modify_cmd(tgt.handle, IBV_QPS_RTS, kRtsMask)), 0);
 	ASSERT_EQ(query_on(peer->ctx, opened.handle, q), 0);
 	EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
-	EXPECT_EQ(q.sq_psn, 0x5678u);
+	EXPECT_EQ(q.sq_psn, kModifySqPsn);
 
 	// The opened handle uses the peer's domain handle.
 	EXPECT_EQ(close_xrcd(peer->ctx, px), EBUSY);
@@ -799,4 +768,4 @@ TEST_F(XrcCommandsTest, TeardownOfTheCreatorLeavesTheQpToItsHolders)
 }
 
 }  // namespace
-}  // namespace xsrc
+}  // namespace xsrc::test

@@ -1,11 +1,12 @@
 // Every command handler, by object, and the release functions teardown
-// uses. Each handler validates all of its input before it changes anything.
-// Internal to the command files; commands.cpp holds the dispatch tables.
+// uses. Each handler validates all of its input before it changes anything,
+// and gives the reason for a refusal through refuse() (dispatcher_request.h).
+// Internal to the command files; dispatcher.cpp holds the command tables.
 #pragma once
 
 #include <infiniband/verbs.h>
 
-#include "command_support.h"
+#include "dispatcher_request.h"
 
 namespace xsrc {
 
@@ -41,8 +42,9 @@ int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req);
 int cmd_open_qp(Context &ctx, Caller &caller, const Request &req);
 // Drops one handle; a shared XRC receive QP goes with its last handle.
 void release_qp(Context &ctx, uint32_t handle);
-// The state in the arena: the truth, since a provider may move a QP to ERR.
-ibv_qp_state qp_state(Device &dev, const Qp &qp);
+// The state in the arena (kernel-abi/xsrc-qp-state.h): the truth, since a
+// provider may move a QP to ERR.
+ibv_qp_state qp_current_state(Device &dev, const Qp &qp);
 
 // qp_modify.cpp
 int cmd_modify_qp(Context &ctx, Caller &caller, const Request &req);

@@ -1,6 +1,6 @@
-// What every command handler uses: the decoded request, response writing,
-// handle lookup, and the object bookkeeping shared across object types.
-// Internal to the command files.
+// What the dispatcher hands every command handler: the decoded request, and
+// the checks and response writing all handlers share (the kernel's udata
+// discipline). Internal to the dispatcher and the <object>_commands.cpp files.
 #pragma once
 
 #include <algorithm>
@@ -9,10 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <type_traits>
-#include <variant>
 
 #include "caller.h"
+#include "log.h"
 #include "objects.h"
 #include "xsrc-abi.h"
 
@@ -30,6 +29,7 @@ struct Request {
 };
 
 using Handler = int (*)(Context &, Caller &, const Request &);
+
 
 template <typename T>
 T load(std::span<const std::byte> bytes)
@@ -61,7 +61,7 @@ int respond(Caller &caller, const Request &req, std::span<const std::byte> core,
 // ib_is_udata_cleared discipline.
 inline int check_no_driver_data(const Request &req)
 {
-	return all_zero(req.driver) ? 0 : EOPNOTSUPP;
+	return all_zero(req.driver) ? 0 : refuse(EOPNOTSUPP, "driver data where the command defines none");
 }
 
 // The driver ABI discipline (kernel-abi/README.md), as the kernel applies it
@@ -72,9 +72,9 @@ template <typename T>
 int load_driver_request(const Request &req, T &out, size_t min_size = sizeof(T))
 {
 	if (req.driver.size() < min_size)
-		return EINVAL;
+		return refuse(EINVAL, "short driver request");
 	if (req.driver.size() > sizeof(T) && !all_zero(req.driver.subspan(sizeof(T))))
-		return EOPNOTSUPP;
+		return refuse(EOPNOTSUPP, "non-zero driver bytes past what this daemon knows");
 	out = load<T>(req.driver);
 	return 0;
 }
@@ -82,7 +82,7 @@ int load_driver_request(const Request &req, T &out, size_t min_size = sizeof(T))
 // comp_mask bits this daemon does not know -> EOPNOTSUPP.
 inline int check_comp_mask(uint32_t comp_mask, uint32_t known)
 {
-	return (comp_mask & ~known) ? EOPNOTSUPP : 0;
+	return (comp_mask & ~known) ? refuse(EOPNOTSUPP, "unknown comp_mask bits") : 0;
 }
 
 // The driver ABI revision the context's device serves (xsrcd --abi).
@@ -90,42 +90,5 @@ inline uint32_t abi_revision(const Context &ctx)
 {
 	return ctx.device ? ctx.device->abi_revision : XSRC_DRIVER_ABI_REVISION;
 }
-
-template <typename T>
-T *lookup(Context &ctx, uint32_t handle)
-{
-	auto it = ctx.objects.find(handle);
-	return it == ctx.objects.end() ? nullptr : std::get_if<T>(&it->second);
-}
-
-// The index of T among the Object alternatives.
-template <typename T, typename Variant>
-struct AlternativeIndex;
-template <typename T, typename... Ts>
-struct AlternativeIndex<T, std::variant<Ts...>> {
-	static constexpr size_t value = [] {
-		size_t i = 0;
-		(void)((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
-		return i;
-	}();
-};
-
-template <typename T>
-constexpr size_t object_index()
-{
-	return AlternativeIndex<T, Object>::value;
-}
-
-// Live objects of type T on the device (all contexts).
-template <typename T>
-uint32_t device_object_count(const Device &dev)
-{
-	return dev.object_counts[object_index<T>()];
-}
-
-// Adds an object to the context under a new handle. ENOMEM when full.
-int insert_object(Context &ctx, Object obj, uint32_t &handle);
-// Removes it (no other bookkeeping).
-void erase_object(Context &ctx, uint32_t handle);
 
 }  // namespace xsrc
