@@ -56,9 +56,12 @@ xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
 
 int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 {
-	if (attr->comp_mask)
-		return EINVAL;
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	if (attr->comp_mask) {
+		verbs_debug(&to_xsrc_ctx(cq->vcq.cq.context)->ibv_ctx, "start_poll: comp_mask 0x%x is not supported\n",
+			    attr->comp_mask);
+		return EINVAL;
+	}
 	cq->poll_lock.lock();
 	if (!pop_one(cq, cq->polled)) {
 		cq->poll_lock.unlock();
@@ -118,6 +121,8 @@ bool attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
 {
 	cq->ring = ring_at(ctx, drv.ring_off);
 	if (!cq->ring) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: the device answered ring_off 0x%llx, not a CQ ring\n",
+			  static_cast<unsigned long long>(drv.ring_off));
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
 		delete cq;
 		errno = EPROTO;
@@ -136,7 +141,9 @@ constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
 
 }  // namespace
 
-ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+namespace {
+
+ibv_cq *cq_create(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
 {
 	xsrc_context *ctx = to_xsrc_ctx(ibctx);
 	struct ibv_create_cq cmd{};
@@ -144,11 +151,14 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 	auto *cq = new (std::nothrow) xsrc_cq{};
 
 	if (!cq) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: no memory for the CQ\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector, &cq->vcq.cq, &cmd,
-					sizeof(cmd), resp.core(), resp.size)) {
+	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector, &cq->vcq.cq, &cmd, sizeof(cmd),
+					resp.core(), resp.size)) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: the device refused cqe %d, comp_vector %d: %s\n", cqe,
+			  comp_vector, strerror(err));
 		delete cq;
 		errno = err;
 		return nullptr;
@@ -158,24 +168,40 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 	return &cq->vcq.cq;
 }
 
-ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
+ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 {
 	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	verbs_context *vctx = &ctx->ibv_ctx;
 	struct ibv_create_cq_ex cmd{};
 	create_cq_ex_resp resp;
 
-	if ((attr->wc_flags & ~supported_wc_flags) || (attr->comp_mask & ~supported_cq_comp_mask) ||
-	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~supported_cq_flags))) {
+	if (attr->wc_flags & ~supported_wc_flags) {
+		verbs_err(vctx, "create_cq_ex: wc_flags 0x%llx has unsupported bits 0x%llx\n",
+			  static_cast<unsigned long long>(attr->wc_flags),
+			  static_cast<unsigned long long>(attr->wc_flags & ~supported_wc_flags));
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if (attr->comp_mask & ~supported_cq_comp_mask) {
+		verbs_err(vctx, "create_cq_ex: comp_mask 0x%x has unsupported bits 0x%x\n", attr->comp_mask,
+			  attr->comp_mask & ~supported_cq_comp_mask);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~supported_cq_flags)) {
+		verbs_err(vctx, "create_cq_ex: flags 0x%x have unsupported bits 0x%x\n", attr->flags,
+			  attr->flags & ~supported_cq_flags);
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
 	auto *cq = new (std::nothrow) xsrc_cq{};
 	if (!cq) {
+		verbs_err(vctx, "create_cq_ex: no memory for the CQ\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd, sizeof(cmd), resp.core(),
-					   resp.size, 0)) {
+	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd, sizeof(cmd), resp.core(), resp.size, 0)) {
+		verbs_err(vctx, "create_cq_ex: the device refused cqe %u: %s\n", attr->cqe, strerror(err));
 		delete cq;
 		errno = err;
 		return nullptr;
@@ -186,10 +212,25 @@ ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 	return &cq->vcq.cq_ex;
 }
 
+}  // namespace
+
+ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+{
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_cq",
+			     [&] { return cq_create(ibctx, cqe, channel, comp_vector); });
+}
+
+ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
+{
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_cq_ex", [&] { return cq_create_ex(ibctx, attr); });
+}
+
 int xsrc_destroy_cq(ibv_cq *cq)
 {
-	if (int err = ibv_cmd_destroy_cq(cq))
+	if (int err = ibv_cmd_destroy_cq(cq)) {
+		verbs_err(&to_xsrc_ctx(cq->context)->ibv_ctx, "destroy_cq: the device refused: %s\n", strerror(err));
 		return err;
+	}
 	delete to_xsrc_cq(cq);
 	return 0;
 }
@@ -201,8 +242,11 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	verbs_drv_buf<ib_uverbs_resize_cq_resp, xsrc_resize_cq_resp> resp;
 
 	std::lock_guard guard(cq->poll_lock);
-	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size))
+	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size)) {
+		verbs_err(&to_xsrc_ctx(ibcq->context)->ibv_ctx, "resize_cq: the device refused cqe %d: %s\n", cqe,
+			  strerror(err));
 		return err;
+	}
 	xsrc_cq_ring *ring = ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
 	if (ring && ring != cq->ring) {
 		cq->old_ring = cq->ring;
@@ -232,6 +276,29 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 
 void xsrc_cq_event(ibv_cq *)
 {
+}
+
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
+		      xsrc::CqPayload payload) noexcept
+{
+	if (!ring_off)
+		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
+	if (!xsrc::cq_push(ring, cqe, payload)) {
+		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
+			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_ERR, ring_off);
+		return;
+	}
+	// Pairs with the seq_cst store in req_notify_cq: either we see the arm,
+	// or the application's poll after arming sees this completion.
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	auto armed = atomic(ring->armed);
+	uint32_t mode = armed.load(std::memory_order_acquire);
+	if (mode == XSRC_CQ_ARMED_NONE)
+		return;
+	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
+		      cqe.status != IBV_WC_SUCCESS;
+	if (wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel))
+		xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, ring_off);
 }
 
 // --- where CQ-ring payloads may go -----------------------------------------
