@@ -99,15 +99,20 @@ void qp_explain_caps(xsrc_context *ctx, const ibv_qp_cap &cap)
 			  cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data);
 		return;
 	}
-	auto check = [&](const char *name, uint32_t asked, int limit) {
-		if (asked > static_cast<uint32_t>(limit))
-			verbs_err(vctx, "create_qp: %s %u exceeds %d\n", name, asked, limit);
+	const struct {
+		const char *name;
+		uint32_t asked;
+		int limit;
+	} caps[] = {
+		{"max_send_wr", cap.max_send_wr, dev.max_qp_wr},
+		{"max_recv_wr", cap.max_recv_wr, dev.max_qp_wr},
+		{"max_send_sge", cap.max_send_sge, dev.max_sge},
+		{"max_recv_sge", cap.max_recv_sge, dev.max_sge},
+		{"max_inline_data", cap.max_inline_data, static_cast<int>(ctx->max_inline_data)},
 	};
-	check("max_send_wr", cap.max_send_wr, dev.max_qp_wr);
-	check("max_recv_wr", cap.max_recv_wr, dev.max_qp_wr);
-	check("max_send_sge", cap.max_send_sge, dev.max_sge);
-	check("max_recv_sge", cap.max_recv_sge, dev.max_sge);
-	check("max_inline_data", cap.max_inline_data, static_cast<int>(ctx->max_inline_data));
+	for (const auto &c : caps)
+		if (c.asked > static_cast<uint32_t>(c.limit))
+			verbs_err(vctx, "create_qp: %s %u exceeds %d\n", c.name, c.asked, c.limit);
 }
 
 }  // namespace
