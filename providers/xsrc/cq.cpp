@@ -9,7 +9,7 @@ namespace {
 
 using xsrc::atomic;
 
-void to_wc(const xsrc_cqe &c, ibv_wc &wc)
+void cq_to_wc(const xsrc_cqe &c, ibv_wc &wc)
 {
 	wc = {};
 	wc.wr_id = c.wr_id;
@@ -28,25 +28,25 @@ void to_wc(const xsrc_cqe &c, ibv_wc &wc)
 }
 
 // One completion, oldest first: a ring left behind by a resize drains first.
-bool pop_one(xsrc_cq *cq, ibv_wc &wc)
+bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
 	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
 	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	if (cq->old_ring) {
 		if (xsrc::cq_pop(cq->old_ring, c, may_write)) {
-			to_wc(c, wc);
+			cq_to_wc(c, wc);
 			return true;
 		}
 		cq->old_ring = nullptr;
 	}
 	if (!xsrc::cq_pop(cq->ring, c, may_write))
 		return false;
-	to_wc(c, wc);
+	cq_to_wc(c, wc);
 	return true;
 }
 
-xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
+xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
 	return ring && ring->num_entries ? ring : nullptr;
@@ -54,7 +54,7 @@ xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
 
 // --- the extended poll interface (ibv_start_poll & co) ---------------------
 
-int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
+int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	if (attr->comp_mask) {
@@ -63,7 +63,7 @@ int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 		return EINVAL;
 	}
 	cq->poll_lock.lock();
-	if (!pop_one(cq, cq->polled)) {
+	if (!cq_pop_one(cq, cq->polled)) {
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
@@ -72,54 +72,54 @@ int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 	return 0;
 }
 
-int next_poll(ibv_cq_ex *ibcq)
+int cq_next_poll(ibv_cq_ex *ibcq)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	if (!pop_one(cq, cq->polled))
+	if (!cq_pop_one(cq, cq->polled))
 		return ENOENT;
 	ibcq->wr_id = cq->polled.wr_id;
 	ibcq->status = cq->polled.status;
 	return 0;
 }
 
-void end_poll(ibv_cq_ex *ibcq)
+void cq_end_poll(ibv_cq_ex *ibcq)
 {
 	to_xsrc_cq(ibcq)->poll_lock.unlock();
 }
 
-ibv_wc_opcode read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.vendor_err; }
-uint32_t read_byte_len(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.byte_len; }
-__be32 read_imm_data(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.imm_data; }
-uint32_t read_qp_num(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.wc_flags; }
-uint32_t read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
-uint8_t read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
-uint8_t read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
+ibv_wc_opcode cq_read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
+uint32_t cq_read_vendor_err(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.vendor_err; }
+uint32_t cq_read_byte_len(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.byte_len; }
+__be32 cq_read_imm_data(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.imm_data; }
+uint32_t cq_read_qp_num(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.qp_num; }
+uint32_t cq_read_src_qp(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.src_qp; }
+unsigned int cq_read_wc_flags(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.wc_flags; }
+uint32_t cq_read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
+uint8_t cq_read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
+uint8_t cq_read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
 
-void set_poll_ops(ibv_cq_ex &cq)
+void cq_set_poll_ops(ibv_cq_ex &cq)
 {
-	cq.start_poll = start_poll;
-	cq.next_poll = next_poll;
-	cq.end_poll = end_poll;
-	cq.read_opcode = read_opcode;
-	cq.read_vendor_err = read_vendor_err;
-	cq.read_byte_len = read_byte_len;
-	cq.read_imm_data = read_imm_data;
-	cq.read_qp_num = read_qp_num;
-	cq.read_src_qp = read_src_qp;
-	cq.read_wc_flags = read_wc_flags;
-	cq.read_slid = read_slid;
-	cq.read_sl = read_sl;
-	cq.read_dlid_path_bits = read_dlid_path_bits;
+	cq.start_poll = cq_start_poll;
+	cq.next_poll = cq_next_poll;
+	cq.end_poll = cq_end_poll;
+	cq.read_opcode = cq_read_opcode;
+	cq.read_vendor_err = cq_read_vendor_err;
+	cq.read_byte_len = cq_read_byte_len;
+	cq.read_imm_data = cq_read_imm_data;
+	cq.read_qp_num = cq_read_qp_num;
+	cq.read_src_qp = cq_read_src_qp;
+	cq.read_wc_flags = cq_read_wc_flags;
+	cq.read_slid = cq_read_slid;
+	cq.read_sl = cq_read_sl;
+	cq.read_dlid_path_bits = cq_read_dlid_path_bits;
 }
 
 // Completes a CQ the daemon created: its ring, and the channel pool the
 // create may have drawn from. On failure the CQ is destroyed (errno set).
-bool attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
+bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
 {
-	cq->ring = ring_at(ctx, drv.ring_off);
+	cq->ring = cq_ring_at(ctx, drv.ring_off);
 	if (!cq->ring) {
 		verbs_err(&ctx->ibv_ctx, "create_cq: the device answered ring_off 0x%llx, not a CQ ring\n",
 			  static_cast<unsigned long long>(drv.ring_off));
@@ -163,7 +163,7 @@ ibv_cq *cq_create(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int co
 		errno = err;
 		return nullptr;
 	}
-	if (!attach_ring(ctx, cq, resp.driver()))
+	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
 	return &cq->vcq.cq;
 }
@@ -206,9 +206,9 @@ ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 		errno = err;
 		return nullptr;
 	}
-	if (!attach_ring(ctx, cq, resp.driver()))
+	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
-	set_poll_ops(cq->vcq.cq_ex);
+	cq_set_poll_ops(cq->vcq.cq_ex);
 	return &cq->vcq.cq_ex;
 }
 
@@ -247,7 +247,7 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 			  strerror(err));
 		return err;
 	}
-	xsrc_cq_ring *ring = ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
+	xsrc_cq_ring *ring = cq_ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
 	if (ring && ring != cq->ring) {
 		cq->old_ring = cq->ring;
 		cq->ring = ring;
@@ -260,7 +260,7 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc)
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	std::lock_guard guard(cq->poll_lock);
 	int n = 0;
-	while (n < num_entries && pop_one(cq, wc[n]))
+	while (n < num_entries && cq_pop_one(cq, wc[n]))
 		++n;
 	return n;
 }
@@ -299,34 +299,4 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 		      cqe.status != IBV_WC_SUCCESS;
 	if (wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel))
 		xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, ring_off);
-}
-
-// --- where CQ-ring payloads may go -----------------------------------------
-
-void xsrc_local_mrs::add(uint64_t addr, uint64_t length)
-{
-	std::unique_lock guard(lock_);
-	spans_.push_back({addr, addr + length});
-}
-
-void xsrc_local_mrs::remove(uint64_t addr, uint64_t length)
-{
-	std::unique_lock guard(lock_);
-	auto it = std::find_if(spans_.begin(), spans_.end(), [&](const span &s) {
-		return s.start == addr && s.end == addr + length;
-	});
-	if (it != spans_.end())
-		spans_.erase(it);
-}
-
-bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
-{
-	if (length == 0)
-		return true;  // nothing is written
-	if (addr + length < addr)
-		return false;
-	std::shared_lock guard(lock_);
-	return std::any_of(spans_.begin(), spans_.end(), [&](const span &s) {
-		return s.start <= addr && addr + length <= s.end;
-	});
 }

@@ -165,9 +165,7 @@ int xsrc_peer_device_copy(xsrc_context *ctx, xsrc_qp *qp, const xsrc_peer_copy &
 		xsrc_copy body;
 	} cmd{};
 	xsrc_copy_resp resp{};
-	cmd.hdr.command = XSRC_CMD_COPY;
-	cmd.hdr.in_words = sizeof(cmd) / 4;
-	cmd.hdr.out_words = sizeof(resp) / 4;
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_COPY, sizeof(cmd), sizeof(resp));
 	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
 	cmd.body.op = copy_op(copy.what);
 	cmd.body.key_kind = copy.kind == xsrc_peer_copy::key_kind::lkey ? XSRC_COPY_LKEY : XSRC_COPY_RKEY;

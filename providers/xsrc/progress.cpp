@@ -5,34 +5,48 @@
 #include <signal.h>
 
 #include <chrono>
+#include <new>
 
 #include "xsrc.h"
 
 namespace xsrc {
 
-Progress::Progress(xsrc_context *ctx) : ctx_(ctx)
-{
-	// The application's signal handlers are not for us.
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	try {
-		thread_ = std::thread([this] { run(); });
-	} catch (...) {
-		pthread_sigmask(SIG_SETMASK, &old, nullptr);
-		throw;
-	}
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
-
 Progress::~Progress()
 {
 	{
 		std::lock_guard guard(lock_);
+		if (!started_)
+			return;
 		stop_ = true;
 	}
 	wake_.notify_one();
-	thread_.join();
+	pthread_join(thread_, nullptr);
+}
+
+void *Progress::thread_main(void *self) noexcept
+{
+	static_cast<Progress *>(self)->run();
+	return nullptr;
+}
+
+// Starts the thread (under lock_). False when it cannot start now: the
+// work stays scheduled, and the next schedule() tries again.
+bool Progress::start_locked() noexcept
+{
+	if (started_)
+		return true;
+	// The application's signal handlers are not for us.
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(&thread_, nullptr, thread_main, this);
+	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	if (err) {
+		verbs_err(&ctx_->ibv_ctx, "cannot start the progress thread: %s\n", strerror(err));
+		return false;
+	}
+	started_ = true;
+	return true;
 }
 
 // Links `qp` due at `at_ns`, or moves it earlier. False when it already was
@@ -67,7 +81,8 @@ void Progress::schedule(xsrc_qp *qp, uint64_t at_ns) noexcept
 {
 	{
 		std::lock_guard guard(lock_);
-		if (!progress_link_due(due_, qp, at_ns))
+		bool earlier = progress_link_due(due_, qp, at_ns);
+		if (!start_locked() || !earlier)
 			return;
 	}
 	wake_.notify_one();
@@ -121,17 +136,15 @@ void Progress::run() noexcept
 
 }  // namespace xsrc
 
-int xsrc_progress_start(xsrc_context *ctx) noexcept
+int xsrc_progress_prepare(xsrc_context *ctx) noexcept
 {
 	std::lock_guard guard(ctx->progress_lock);
 	if (ctx->progress)
 		return 0;
-	try {
-		ctx->progress = std::make_unique<xsrc::Progress>(ctx);
-	} catch (...) {
-		int err = xsrc_errno_of_current_exception();
-		verbs_err(&ctx->ibv_ctx, "cannot start the progress thread: %s\n", strerror(err));
-		return err;
+	ctx->progress.reset(new (std::nothrow) xsrc::Progress(ctx));
+	if (!ctx->progress) {
+		verbs_err(&ctx->ibv_ctx, "create_qp: no memory for the progress engine\n");
+		return ENOMEM;
 	}
 	return 0;
 }
@@ -139,7 +152,7 @@ int xsrc_progress_start(xsrc_context *ctx) noexcept
 void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept
 {
 	std::unique_lock guard(ctx->progress_lock);
-	xsrc::Progress *p = ctx->progress.get();  // started with the QP's send queue
+	xsrc::Progress *p = ctx->progress.get();  // made with the QP's send queue
 	guard.unlock();
 	if (p)
 		p->schedule(qp, at_ns);

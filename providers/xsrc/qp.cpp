@@ -129,7 +129,7 @@ int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder)
 			  sge, inl);
 		return ENOMEM;
 	}
-	return has_sq ? xsrc_progress_start(ctx) : 0;
+	return has_sq ? xsrc_progress_prepare(ctx) : 0;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // The verbs xsrc implements, and the ops table that lists them.
 #include "xsrc.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <new>
@@ -137,6 +138,36 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 }
 
 } // namespace
+
+// --- where CQ-ring payloads may go -----------------------------------------
+
+void xsrc_local_mrs::add(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	spans_.push_back({addr, addr + length});
+}
+
+void xsrc_local_mrs::remove(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	auto it = std::find_if(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start == addr && s.end == addr + length;
+	});
+	if (it != spans_.end())
+		spans_.erase(it);
+}
+
+bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
+{
+	if (length == 0)
+		return true;  // nothing is written
+	if (addr + length < addr)
+		return false;
+	std::shared_lock guard(lock_);
+	return std::any_of(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start <= addr && addr + length <= s.end;
+	});
+}
 
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
 const verbs_context_ops xsrc_ctx_ops = {

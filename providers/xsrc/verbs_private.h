@@ -375,8 +375,6 @@ void *_verbs_init_and_alloc_context(ibv_device *device, int cmd_fd,
 				    uint32_t driver_id);
 void verbs_uninit_context(verbs_context *context);
 void verbs_set_ops(verbs_context *vctx, const verbs_context_ops *ops);
-void verbs_init_cq(ibv_cq *cq, ibv_context *context,
-		   ibv_comp_channel *channel, void *cq_context);
 
 int ibv_read_ibdev_sysfs_file(char *buf, size_t size,
 			      verbs_sysfs_dev *sysfs_dev, const char *fnfmt,
@@ -416,7 +414,6 @@ int ibv_cmd_destroy_cq(ibv_cq *cq);
 int ibv_cmd_resize_cq(ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd,
 		      size_t cmd_size, ib_uverbs_resize_cq_resp *resp,
 		      size_t resp_size);
-int ibv_cmd_req_notify_cq(ibv_cq *cq, int solicited_only);
 
 int ibv_cmd_create_qp_ex2(ibv_context *context, verbs_qp *qp,
 			  ibv_qp_init_attr_ex *qp_attr,

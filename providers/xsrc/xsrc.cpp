@@ -45,9 +45,7 @@ int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
 	xsrc_channel_pool_resp resp{};
 	request cmd{};
 
-	cmd.hdr.command = XSRC_CMD_CHANNEL_POOL;
-	cmd.hdr.in_words = sizeof(cmd) / 4;
-	cmd.hdr.out_words = sizeof(resp) / 4;
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_CHANNEL_POOL, sizeof(cmd), sizeof(resp));
 	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
 	cmd.body.fds = fds;
 
@@ -60,7 +58,7 @@ int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
 	return 0;
 }
 
-xsrc_fd_pair fd_pair(const pipe_fds &pipe)
+xsrc_fd_pair pipe_fd_pair(const pipe_fds &pipe)
 {
 	return {static_cast<uint32_t>(pipe.rd.get()),
 		static_cast<uint32_t>(pipe.wr.get())};
@@ -104,7 +102,7 @@ void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now)
 		} catch (const std::bad_alloc &) {
 			return;
 		}
-		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, fd_pair(pipe),
+		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, pipe_fd_pair(pipe),
 				     free_count))
 			return;
 		fds.push_back(pipe.rd.release()); // the daemon took the write end
@@ -124,7 +122,7 @@ constexpr uint32_t kMtuUnitBytes = 128;
 
 // Creates this context's command file in the directory the daemon publishes
 // in sysfs. Returns the fd, or -1 with errno set.
-int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
+int context_open_cmd_file(verbs_sysfs_dev *sysfs_dev)
 {
 	char dir[PATH_MAX];
 	char path[PATH_MAX];
@@ -150,7 +148,7 @@ int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
 
 // Maps the device's shared-memory arena, whose path the daemon publishes in
 // sysfs next to the command directory. Returns 0 or errno.
-int map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
+int context_map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
 {
 	char path[PATH_MAX];
 	int len = ibv_read_ibdev_sysfs_file(path, sizeof(path), sysfs_dev, "%s", XSRC_SYSFS_SHM_FILE);
@@ -210,10 +208,10 @@ struct context_deleter {
 using context_ptr = std::unique_ptr<xsrc_context, context_deleter>;
 
 // Returns 0 or errno. Owns cmd_fd from the start: on failure it is closed.
-int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
+int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 {
 	xsrc::unique_fd cmd_fd(cmd_fd_arg);
-	xsrc::unique_fd cmd_file(open_cmd_file(to_xsrc_dev(ibdev)->sysfs_dev));
+	xsrc::unique_fd cmd_file(context_open_cmd_file(to_xsrc_dev(ibdev)->sysfs_dev));
 
 	if (!cmd_file) {
 		int err = errno;
@@ -259,9 +257,9 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	verbs_drv_buf<ib_uverbs_get_context_resp, xsrc_get_context_resp> resp;
 	xsrc_get_context_req &req = cmd.driver();
 	req.num_channel_fds = channel_pipes.size();
-	req.async_fds = fd_pair(async_pipe);
+	req.async_fds = pipe_fd_pair(async_pipe);
 	for (size_t i = 0; i < channel_pipes.size(); ++i)
-		req.channel_fds[i] = fd_pair(channel_pipes[i]);
+		req.channel_fds[i] = pipe_fd_pair(channel_pipes[i]);
 
 	if ((err = ibv_cmd_get_context(&ctx->ibv_ctx, cmd.core(), cmd.size, resp.core(), resp.size))) {
 		verbs_err(vctx, "the device refused GET_CONTEXT: %s\n", strerror(err));
@@ -278,7 +276,6 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	// Our write ends close on return; the daemon has its own copies.
 	for (pipe_fds &pipe : channel_pipes)
 		ctx->channels.read_fds.push_back(pipe.rd.release());
-	ctx->context_id = resp.driver().context_id;
 	ctx->max_inline_data = resp.driver().max_inline_data;
 	ctx->pid = getpid();
 	ctx->direct = true;  // an r1 device: same PID namespace, as always
@@ -294,7 +291,7 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 		ctx->can_copy = dresp.caps & XSRC_CAP_COPY;
 	}
 #endif
-	if ((err = map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))) {
+	if ((err = context_map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))) {
 		verbs_err(vctx, "cannot map the device arena (%s %s): %s\n",
 			  XSRC_SYSFS_SHM_FILE, err == EPROTO ? "has another magic, version or size" : "failed",
 			  strerror(err));
@@ -332,7 +329,7 @@ verbs_context *xsrc_alloc_context(ibv_device *ibdev, int cmd_fd,
 {
 	xsrc_context *ctx = nullptr;
 
-	if (int err = xsrc_boundary_dev(ibdev, [&] { return create_context(ibdev, cmd_fd, &ctx); })) {
+	if (int err = xsrc_boundary_dev(ibdev, [&] { return context_create(ibdev, cmd_fd, &ctx); })) {
 		errno = err;
 		return nullptr;
 	}
@@ -355,8 +352,7 @@ void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object)
 		ib_uverbs_cmd_hdr hdr;
 		xsrc_raise_event body;
 	} cmd{};
-	cmd.hdr.command = XSRC_CMD_RAISE_EVENT;
-	cmd.hdr.in_words = sizeof(cmd) / 4;
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_RAISE_EVENT, sizeof(cmd), 0);
 	cmd.body.kind = kind;
 	cmd.body.object = object;
 	int saved = errno;

@@ -83,7 +83,6 @@ private:
 struct xsrc_context {
 	verbs_context ibv_ctx;
 	xsrc_comp_channels channels;
-	uint64_t context_id;
 	uint32_t max_inline_data;
 	xsrc::Arena arena;           // the device's shared memory
 	pid_t pid;                   // ours as the device sees it: owner_pid of our QPs and MRs
@@ -94,7 +93,7 @@ struct xsrc_context {
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
 	std::mutex progress_lock;
-	std::unique_ptr<xsrc::Progress> progress; // started with the first send queue
+	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 };
 
 struct xsrc_cq {
@@ -270,12 +269,23 @@ inline xsrc_cqe xsrc_make_cqe(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcod
 	return c;
 }
 
+// The header of a private command written to cmd_fd: sizes in the uverbs
+// write ABI's 4-byte words.
+inline void xsrc_cmd_header(ib_uverbs_cmd_hdr &hdr, uint32_t command, size_t in_bytes, size_t out_bytes)
+{
+	constexpr size_t kWordBytes = 4;
+	hdr.command = command;
+	hdr.in_words = static_cast<__u16>(in_bytes / kWordBytes);
+	hdr.out_words = static_cast<__u16>(out_bytes / kWordBytes);
+}
+
 // xsrc.cpp: XSRC_CMD_RAISE_EVENT through our command file (best effort).
 void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept;
 
-// progress.cpp: the thread that retries blocked work. start() before a QP
-// may need it (returns 0 or errno); schedule() neither allocates nor fails.
-int xsrc_progress_start(xsrc_context *ctx) noexcept;
+// progress.cpp: the thread that retries blocked work. prepare() before a
+// QP may need it (returns 0 or errno); schedule() neither allocates nor
+// throws (the thread starts on the first one).
+int xsrc_progress_prepare(xsrc_context *ctx) noexcept;
 void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept;
 void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept;
 
