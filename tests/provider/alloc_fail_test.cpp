@@ -298,7 +298,7 @@ TEST_F(AllocFail, CreateCqFailsWithEnomem)
 	EXPECT_GE(failures, 1);
 }
 
-// The QP, its send-queue slots, the ibv_wr_* staging, the progress thread.
+// The QP, its send-queue slots, the ibv_wr_* staging, the progress engine.
 TEST_F(AllocFail, CreateQpFailsWithEnomem)
 {
 	ibv_qp_init_attr attr = rc_attr(cq, kMaxWr, kMaxInline);

@@ -44,35 +44,37 @@ inline ibv_qp_init_attr rc_attr(ibv_cq *cq, uint32_t max_wr, uint32_t max_inline
 // forever, every 10 us. Returns 0 or the first errno.
 inline int rc_connect(ibv_qp *qp, uint32_t dest)
 {
-	ibv_qp_attr a{};
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = kPort;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	if (int err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+	ibv_ah_attr path{};
+	path.is_global = 1;
+	path.port_num = kPort;
+	path.grh.sgid_index = kGidIndex;
+	path.grh.hop_limit = 1;
+	if (int err = ibv_query_gid(qp->context, kPort, kGidIndex, &path.grh.dgid))
 		return err;
-	a = {};
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.port_num = kPort;
-	a.ah_attr.grh.sgid_index = kGidIndex;
-	a.ah_attr.grh.hop_limit = 1;
-	if (int err = ibv_query_gid(qp->context, kPort, kGidIndex, &a.ah_attr.grh.dgid))
-		return err;
-	if (int err = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return err;
-	a = {};
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	struct Step {
+		ibv_qp_attr attr;
+		int mask;
+	} steps[] = {
+		{{.qp_state = IBV_QPS_INIT,
+		  .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+		  .port_num = kPort},
+		 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+		{{.qp_state = IBV_QPS_RTR,
+		  .path_mtu = IBV_MTU_1024,
+		  .dest_qp_num = dest,
+		  .ah_attr = path,
+		  .max_dest_rd_atomic = 1,
+		  .min_rnr_timer = 1},
+		 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER},
+		{{.qp_state = IBV_QPS_RTS, .max_rd_atomic = 1, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7},
+		 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+			 IBV_QP_MAX_QP_RD_ATOMIC},
+	};
+	for (Step &step : steps)
+		if (int err = ibv_modify_qp(qp, &step.attr, step.mask))
+			return err;
+	return 0;
 }
 
 // Polls until `n` completions arrived or 10 s passed.
