@@ -255,7 +255,7 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	return 0;
 }
 
-int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc)
+int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	std::lock_guard guard(cq->poll_lock);

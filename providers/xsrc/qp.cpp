@@ -356,7 +356,7 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 
 // The fast path: each WQE is built in the send queue's free slot and
 // executed from there; nothing allocates, nothing throws.
-int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr)
+int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	std::lock_guard guard(qp->sq_lock);
@@ -370,7 +370,7 @@ int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr)
 	return 0;
 }
 
-int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
+int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	xsrc_context *ctx = to_xsrc_ctx(ibqp->context);

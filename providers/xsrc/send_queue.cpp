@@ -31,25 +31,32 @@ void xsrc_wqe_slots::set_sge(xsrc_send_wqe &wqe, const ibv_sge *list, size_t n) 
 		std::memcpy(wqe.sge, list, n * sizeof(*list));
 }
 
-void xsrc_wqe_slots::set_inline(xsrc_send_wqe &wqe, const ibv_data_buf *bufs, size_t n) const noexcept
+namespace {
+
+// Copies the pieces into `dst` while they fit in `room`; returns their total.
+template <typename Piece, typename AddressOf>
+uint64_t gather_inline(unsigned char *dst, uint32_t room, const Piece *pieces, size_t n, AddressOf address_of)
 {
 	uint64_t total = 0;
 	for (size_t i = 0; i < n; ++i) {
-		if (total + bufs[i].length <= max_inline_ && bufs[i].length)
-			std::memcpy(wqe.inline_data + total, bufs[i].addr, bufs[i].length);
-		total += bufs[i].length;
+		if (total + pieces[i].length <= room && pieces[i].length)
+			std::memcpy(dst + total, address_of(pieces[i]), pieces[i].length);
+		total += pieces[i].length;
 	}
-	wqe.inline_len = total;
+	return total;
+}
+
+}  // namespace
+
+void xsrc_wqe_slots::set_inline(xsrc_send_wqe &wqe, const ibv_data_buf *bufs, size_t n) const noexcept
+{
+	wqe.inline_len = gather_inline(wqe.inline_data, max_inline_, bufs, n,
+				       [](const ibv_data_buf &b) { return b.addr; });
 }
 
 void xsrc_wqe_slots::set_inline_from_sge(xsrc_send_wqe &wqe, const ibv_sge *list, size_t n) const noexcept
 {
-	uint64_t total = 0;
-	for (size_t i = 0; i < n; ++i) {
-		if (total + list[i].length <= max_inline_ && list[i].length)
-			std::memcpy(wqe.inline_data + total, reinterpret_cast<const void *>(list[i].addr),
-				    list[i].length);
-		total += list[i].length;
-	}
-	wqe.inline_len = total;
+	wqe.inline_len = gather_inline(wqe.inline_data, max_inline_, list, n, [](const ibv_sge &s) {
+		return reinterpret_cast<const void *>(s.addr);
+	});
 }

@@ -143,7 +143,7 @@ int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num)
 	return 0;
 }
 
-int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
+int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_srq *srq = to_xsrc_srq(ibsrq);
 	std::lock_guard guard(srq->post_lock);

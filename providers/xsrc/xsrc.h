@@ -77,9 +77,10 @@ private:
 	std::vector<span> spans_; // few per context
 };
 
-// libibverbs callocs the whole struct: every member after ibv_ctx is
-// constructed in place when the context is made and destroyed with it
-// (xsrc.cpp: xsrc_context_construct, context_deleter).
+// libibverbs callocs the whole struct: every member after ibv_ctx that has a
+// constructor is constructed in place when the context is made and destroyed
+// with it (xsrc.cpp: xsrc_context_construct, context_deleter); the scalars
+// start zeroed.
 struct xsrc_context {
 	verbs_context ibv_ctx;
 	xsrc_comp_channels channels;
@@ -213,7 +214,7 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr);
 int xsrc_destroy_cq(ibv_cq *cq);
 int xsrc_resize_cq(ibv_cq *cq, int cqe);
-int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc);
+int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc) noexcept;
 int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only);
 void xsrc_cq_event(ibv_cq *cq);
 
@@ -223,8 +224,8 @@ ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr);
 int xsrc_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
 int xsrc_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
 int xsrc_destroy_qp(ibv_qp *qp);
-int xsrc_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
-int xsrc_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int xsrc_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) noexcept;
+int xsrc_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept;
 
 // srq.cpp
 ibv_srq *xsrc_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr);
@@ -232,7 +233,7 @@ ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr);
 int xsrc_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int attr_mask);
 int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr);
 int xsrc_destroy_srq(ibv_srq *srq);
-int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept;
 int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
 
 // xrc.cpp
