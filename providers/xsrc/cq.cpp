@@ -9,7 +9,7 @@ namespace {
 
 using xsrc::atomic;
 
-void to_wc(const xsrc_cqe &c, ibv_wc &wc)
+void cq_to_wc(const xsrc_cqe &c, ibv_wc &wc)
 {
 	wc = {};
 	wc.wr_id = c.wr_id;
@@ -28,25 +28,25 @@ void to_wc(const xsrc_cqe &c, ibv_wc &wc)
 }
 
 // One completion, oldest first: a ring left behind by a resize drains first.
-bool pop_one(xsrc_cq *cq, ibv_wc &wc)
+bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
 	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
 	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	if (cq->old_ring) {
 		if (xsrc::cq_pop(cq->old_ring, c, may_write)) {
-			to_wc(c, wc);
+			cq_to_wc(c, wc);
 			return true;
 		}
 		cq->old_ring = nullptr;
 	}
 	if (!xsrc::cq_pop(cq->ring, c, may_write))
 		return false;
-	to_wc(c, wc);
+	cq_to_wc(c, wc);
 	return true;
 }
 
-xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
+xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
 	return ring && ring->num_entries ? ring : nullptr;
@@ -54,13 +54,16 @@ xsrc_cq_ring *ring_at(xsrc_context *ctx, uint64_t off)
 
 // --- the extended poll interface (ibv_start_poll & co) ---------------------
 
-int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
+int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 {
-	if (attr->comp_mask)
-		return EINVAL;
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	if (attr->comp_mask) {
+		verbs_debug(&to_xsrc_ctx(cq->vcq.cq.context)->ibv_ctx, "start_poll: comp_mask 0x%x is not supported\n",
+			    attr->comp_mask);
+		return EINVAL;
+	}
 	cq->poll_lock.lock();
-	if (!pop_one(cq, cq->polled)) {
+	if (!cq_pop_one(cq, cq->polled)) {
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
@@ -69,55 +72,57 @@ int start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 	return 0;
 }
 
-int next_poll(ibv_cq_ex *ibcq)
+int cq_next_poll(ibv_cq_ex *ibcq)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	if (!pop_one(cq, cq->polled))
+	if (!cq_pop_one(cq, cq->polled))
 		return ENOENT;
 	ibcq->wr_id = cq->polled.wr_id;
 	ibcq->status = cq->polled.status;
 	return 0;
 }
 
-void end_poll(ibv_cq_ex *ibcq)
+void cq_end_poll(ibv_cq_ex *ibcq)
 {
 	to_xsrc_cq(ibcq)->poll_lock.unlock();
 }
 
-ibv_wc_opcode read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.vendor_err; }
-uint32_t read_byte_len(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.byte_len; }
-__be32 read_imm_data(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.imm_data; }
-uint32_t read_qp_num(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.wc_flags; }
-uint32_t read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
-uint8_t read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
-uint8_t read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
+ibv_wc_opcode cq_read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
+uint32_t cq_read_vendor_err(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.vendor_err; }
+uint32_t cq_read_byte_len(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.byte_len; }
+__be32 cq_read_imm_data(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.imm_data; }
+uint32_t cq_read_qp_num(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.qp_num; }
+uint32_t cq_read_src_qp(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.src_qp; }
+unsigned int cq_read_wc_flags(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.wc_flags; }
+uint32_t cq_read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
+uint8_t cq_read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
+uint8_t cq_read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
 
-void set_poll_ops(ibv_cq_ex &cq)
+void cq_set_poll_ops(ibv_cq_ex &cq)
 {
-	cq.start_poll = start_poll;
-	cq.next_poll = next_poll;
-	cq.end_poll = end_poll;
-	cq.read_opcode = read_opcode;
-	cq.read_vendor_err = read_vendor_err;
-	cq.read_byte_len = read_byte_len;
-	cq.read_imm_data = read_imm_data;
-	cq.read_qp_num = read_qp_num;
-	cq.read_src_qp = read_src_qp;
-	cq.read_wc_flags = read_wc_flags;
-	cq.read_slid = read_slid;
-	cq.read_sl = read_sl;
-	cq.read_dlid_path_bits = read_dlid_path_bits;
+	cq.start_poll = cq_start_poll;
+	cq.next_poll = cq_next_poll;
+	cq.end_poll = cq_end_poll;
+	cq.read_opcode = cq_read_opcode;
+	cq.read_vendor_err = cq_read_vendor_err;
+	cq.read_byte_len = cq_read_byte_len;
+	cq.read_imm_data = cq_read_imm_data;
+	cq.read_qp_num = cq_read_qp_num;
+	cq.read_src_qp = cq_read_src_qp;
+	cq.read_wc_flags = cq_read_wc_flags;
+	cq.read_slid = cq_read_slid;
+	cq.read_sl = cq_read_sl;
+	cq.read_dlid_path_bits = cq_read_dlid_path_bits;
 }
 
 // Completes a CQ the daemon created: its ring, and the channel pool the
 // create may have drawn from. On failure the CQ is destroyed (errno set).
-bool attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
+bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
 {
-	cq->ring = ring_at(ctx, drv.ring_off);
+	cq->ring = cq_ring_at(ctx, drv.ring_off);
 	if (!cq->ring) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: the device answered ring_off 0x%llx, not a CQ ring\n",
+			  static_cast<unsigned long long>(drv.ring_off));
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
 		delete cq;
 		errno = EPROTO;
@@ -136,7 +141,9 @@ constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
 
 }  // namespace
 
-ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+namespace {
+
+ibv_cq *cq_create(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
 {
 	xsrc_context *ctx = to_xsrc_ctx(ibctx);
 	struct ibv_create_cq cmd{};
@@ -144,52 +151,86 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 	auto *cq = new (std::nothrow) xsrc_cq{};
 
 	if (!cq) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: no memory for the CQ\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector, &cq->vcq.cq, &cmd,
-					sizeof(cmd), resp.core(), resp.size)) {
+	if (int err = ibv_cmd_create_cq(ibctx, cqe, channel, comp_vector, &cq->vcq.cq, &cmd, sizeof(cmd),
+					resp.core(), resp.size)) {
+		verbs_err(&ctx->ibv_ctx, "create_cq: the device refused cqe %d, comp_vector %d: %s\n", cqe,
+			  comp_vector, strerror(err));
 		delete cq;
 		errno = err;
 		return nullptr;
 	}
-	if (!attach_ring(ctx, cq, resp.driver()))
+	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
 	return &cq->vcq.cq;
 }
 
-ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
+ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 {
 	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	verbs_context *vctx = &ctx->ibv_ctx;
 	struct ibv_create_cq_ex cmd{};
 	create_cq_ex_resp resp;
 
-	if ((attr->wc_flags & ~supported_wc_flags) || (attr->comp_mask & ~supported_cq_comp_mask) ||
-	    ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~supported_cq_flags))) {
+	if (attr->wc_flags & ~supported_wc_flags) {
+		verbs_err(vctx, "create_cq_ex: wc_flags 0x%llx has unsupported bits 0x%llx\n",
+			  static_cast<unsigned long long>(attr->wc_flags),
+			  static_cast<unsigned long long>(attr->wc_flags & ~supported_wc_flags));
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if (attr->comp_mask & ~supported_cq_comp_mask) {
+		verbs_err(vctx, "create_cq_ex: comp_mask 0x%x has unsupported bits 0x%x\n", attr->comp_mask,
+			  attr->comp_mask & ~supported_cq_comp_mask);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~supported_cq_flags)) {
+		verbs_err(vctx, "create_cq_ex: flags 0x%x have unsupported bits 0x%x\n", attr->flags,
+			  attr->flags & ~supported_cq_flags);
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
 	auto *cq = new (std::nothrow) xsrc_cq{};
 	if (!cq) {
+		verbs_err(vctx, "create_cq_ex: no memory for the CQ\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd, sizeof(cmd), resp.core(),
-					   resp.size, 0)) {
+	if (int err = ibv_cmd_create_cq_ex(ibctx, attr, &cq->vcq, &cmd, sizeof(cmd), resp.core(), resp.size, 0)) {
+		verbs_err(vctx, "create_cq_ex: the device refused cqe %u: %s\n", attr->cqe, strerror(err));
 		delete cq;
 		errno = err;
 		return nullptr;
 	}
-	if (!attach_ring(ctx, cq, resp.driver()))
+	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
-	set_poll_ops(cq->vcq.cq_ex);
+	cq_set_poll_ops(cq->vcq.cq_ex);
 	return &cq->vcq.cq_ex;
+}
+
+}  // namespace
+
+ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector)
+{
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_cq",
+			     [&] { return cq_create(ibctx, cqe, channel, comp_vector); });
+}
+
+ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
+{
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_cq_ex", [&] { return cq_create_ex(ibctx, attr); });
 }
 
 int xsrc_destroy_cq(ibv_cq *cq)
 {
-	if (int err = ibv_cmd_destroy_cq(cq))
+	if (int err = ibv_cmd_destroy_cq(cq)) {
+		verbs_err(&to_xsrc_ctx(cq->context)->ibv_ctx, "destroy_cq: the device refused: %s\n", strerror(err));
 		return err;
+	}
 	delete to_xsrc_cq(cq);
 	return 0;
 }
@@ -201,9 +242,12 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	verbs_drv_buf<ib_uverbs_resize_cq_resp, xsrc_resize_cq_resp> resp;
 
 	std::lock_guard guard(cq->poll_lock);
-	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size))
+	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size)) {
+		verbs_err(&to_xsrc_ctx(ibcq->context)->ibv_ctx, "resize_cq: the device refused cqe %d: %s\n", cqe,
+			  strerror(err));
 		return err;
-	xsrc_cq_ring *ring = ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
+	}
+	xsrc_cq_ring *ring = cq_ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
 	if (ring && ring != cq->ring) {
 		cq->old_ring = cq->ring;
 		cq->ring = ring;
@@ -211,12 +255,12 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	return 0;
 }
 
-int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc)
+int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	std::lock_guard guard(cq->poll_lock);
 	int n = 0;
-	while (n < num_entries && pop_one(cq, wc[n]))
+	while (n < num_entries && cq_pop_one(cq, wc[n]))
 		++n;
 	return n;
 }
@@ -234,32 +278,25 @@ void xsrc_cq_event(ibv_cq *)
 {
 }
 
-// --- where CQ-ring payloads may go -----------------------------------------
-
-void xsrc_local_mrs::add(uint64_t addr, uint64_t length)
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
+		      xsrc::CqPayload payload) noexcept
 {
-	std::unique_lock guard(lock_);
-	spans_.push_back({addr, addr + length});
-}
-
-void xsrc_local_mrs::remove(uint64_t addr, uint64_t length)
-{
-	std::unique_lock guard(lock_);
-	auto it = std::find_if(spans_.begin(), spans_.end(), [&](const span &s) {
-		return s.start == addr && s.end == addr + length;
-	});
-	if (it != spans_.end())
-		spans_.erase(it);
-}
-
-bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
-{
-	if (length == 0)
-		return true;  // nothing is written
-	if (addr + length < addr)
-		return false;
-	std::shared_lock guard(lock_);
-	return std::any_of(spans_.begin(), spans_.end(), [&](const span &s) {
-		return s.start <= addr && addr + length <= s.end;
-	});
+	if (!ring_off)
+		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
+	if (!xsrc::cq_push(ring, cqe, payload)) {
+		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
+			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_ERR, ring_off);
+		return;
+	}
+	// Pairs with the seq_cst store in req_notify_cq: either we see the arm,
+	// or the application's poll after arming sees this completion.
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	auto armed = atomic(ring->armed);
+	uint32_t mode = armed.load(std::memory_order_acquire);
+	if (mode == XSRC_CQ_ARMED_NONE)
+		return;
+	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
+		      cqe.status != IBV_WC_SUCCESS;
+	if (wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel))
+		xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, ring_off);
 }

@@ -5,61 +5,110 @@
 #include <signal.h>
 
 #include <chrono>
+#include <new>
 
 #include "xsrc.h"
 
 namespace xsrc {
 
-Progress::Progress(xsrc_context *ctx) : ctx_(ctx)
-{
-	// The application's signal handlers are not for us.
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	thread_ = std::thread([this] { run(); });
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
-}
-
 Progress::~Progress()
 {
 	{
 		std::lock_guard guard(lock_);
+		if (!started_)
+			return;
 		stop_ = true;
 	}
 	wake_.notify_one();
-	thread_.join();
+	pthread_join(thread_, nullptr);
 }
 
-void Progress::schedule(xsrc_qp *qp, uint64_t at_ns)
+void *Progress::thread_main(void *self) noexcept
+{
+	static_cast<Progress *>(self)->run();
+	return nullptr;
+}
+
+// Starts the thread (under lock_). False when it cannot start now: the
+// work stays scheduled, and the next schedule() tries again.
+bool Progress::start_locked() noexcept
+{
+	if (started_)
+		return true;
+	// The application's signal handlers are not for us.
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(&thread_, nullptr, thread_main, this);
+	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	if (err) {
+		verbs_err(&ctx_->ibv_ctx, "cannot start the progress thread: %s\n", strerror(err));
+		return false;
+	}
+	started_ = true;
+	return true;
+}
+
+// Links `qp` due at `at_ns`, or moves it earlier. False when it already was
+// due no later. Under lock_.
+static bool progress_link_due(xsrc_qp *&head, xsrc_qp *qp, uint64_t at_ns) noexcept
+{
+	auto &link = qp->progress_link;
+	if (link.queued) {
+		if (link.at_ns <= at_ns)
+			return false;
+		link.at_ns = at_ns;
+		return true;
+	}
+	link = {head, at_ns, true};
+	head = qp;
+	return true;
+}
+
+void Progress::unlink(xsrc_qp *qp) noexcept
+{
+	if (!qp->progress_link.queued)
+		return;
+	for (xsrc_qp **p = &due_; *p; p = &(*p)->progress_link.next)
+		if (*p == qp) {
+			*p = qp->progress_link.next;
+			break;
+		}
+	qp->progress_link = {};
+}
+
+void Progress::schedule(xsrc_qp *qp, uint64_t at_ns) noexcept
 {
 	{
 		std::lock_guard guard(lock_);
-		auto [it, fresh] = due_.emplace(qp, at_ns);
-		if (!fresh && it->second <= at_ns)
+		bool earlier = progress_link_due(due_, qp, at_ns);
+		if (!start_locked() || !earlier)
 			return;
-		it->second = at_ns;
 	}
 	wake_.notify_one();
 }
 
-void Progress::forget(xsrc_qp *qp)
+void Progress::forget(xsrc_qp *qp) noexcept
 {
 	std::unique_lock guard(lock_);
-	due_.erase(qp);
+	// A pass over the QP that is under way relinks it when it ends: wait
+	// for it first, then unlink, or the thread would come back to a QP
+	// that is gone.
 	idle_.wait(guard, [&] { return busy_ != qp; });
+	unlink(qp);
 }
 
-void Progress::run()
+void Progress::run() noexcept
 {
 	std::unique_lock guard(lock_);
 	while (!stop_) {
-		uint64_t now = xsrc_now_ns();
+		uint64_t now = xsrc_requester_now_ns();
 		xsrc_qp *next = nullptr;
 		uint64_t next_at = UINT64_MAX;
-		for (auto &[qp, at] : due_)
-			if (at < next_at) {
+		for (xsrc_qp *qp = due_; qp; qp = qp->progress_link.next)
+			if (qp->progress_link.at_ns < next_at) {
 				next = qp;
-				next_at = at;
+				next_at = qp->progress_link.at_ns;
 			}
 		if (!next) {
 			wake_.wait(guard);
@@ -69,38 +118,47 @@ void Progress::run()
 			wake_.wait_for(guard, std::chrono::nanoseconds(next_at - now));
 			continue;
 		}
-		due_.erase(next);
+		unlink(next);
 		busy_ = next;
 		guard.unlock();
 		uint64_t again;
 		{
 			std::lock_guard sq(next->sq_lock);
-			again = xsrc_sq_progress(next);
+			again = xsrc_requester_progress(next);
 		}
 		guard.lock();
 		busy_ = nullptr;
 		idle_.notify_all();
-		if (again) {
-			auto [it, fresh] = due_.emplace(next, again);
-			if (!fresh && again < it->second)
-				it->second = again;
-		}
+		if (again)
+			progress_link_due(due_, next, again);
 	}
 }
 
 }  // namespace xsrc
 
-void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns)
+int xsrc_progress_prepare(xsrc_context *ctx) noexcept
 {
-	std::unique_lock guard(ctx->progress_lock);
-	if (!ctx->progress)
-		ctx->progress = std::make_unique<xsrc::Progress>(ctx);
-	xsrc::Progress *p = ctx->progress.get();
-	guard.unlock();
-	p->schedule(qp, at_ns);
+	std::lock_guard guard(ctx->progress_lock);
+	if (ctx->progress)
+		return 0;
+	ctx->progress.reset(new (std::nothrow) xsrc::Progress(ctx));
+	if (!ctx->progress) {
+		verbs_err(&ctx->ibv_ctx, "create_qp: no memory for the progress engine\n");
+		return ENOMEM;
+	}
+	return 0;
 }
 
-void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp)
+void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept
+{
+	std::unique_lock guard(ctx->progress_lock);
+	xsrc::Progress *p = ctx->progress.get();  // made with the QP's send queue
+	guard.unlock();
+	if (p)
+		p->schedule(qp, at_ns);
+}
+
+void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept
 {
 	std::unique_lock guard(ctx->progress_lock);
 	xsrc::Progress *p = ctx->progress.get();

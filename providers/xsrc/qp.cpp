@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
-// Queue pairs: lifetime through the daemon, posting in user space, and the
-// ibv_qp_ex work-request builder (ibv_wr_*).
+// Queue pairs: lifetime through the daemon, and posting in user space. The
+// ibv_qp_ex builder is qp_wr.cpp; what happens to a posted WQE, requester.cpp.
 #include "xsrc.h"
 
 #include <cstring>
+#include <memory>
 #include <new>
 
 namespace {
-
-using xsrc::atomic;
 
 constexpr uint64_t supported_send_ops =
 	IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
@@ -17,14 +16,207 @@ constexpr uint64_t supported_send_ops =
 constexpr uint32_t supported_init_mask =
 	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD;
 
-uint32_t qp_state(const xsrc_qp *qp)
+verbs_context *qp_vctx(const xsrc_qp *qp)
 {
-	uint32_t s = atomic(qp->entry->state).load(std::memory_order_acquire);
-	return s ? s - 1 : uint32_t(IBV_QPS_UNKNOWN);
+	return &to_xsrc_ctx(qp->vqp.qp.context)->ibv_ctx;
 }
 
-// Is `op` a request this QP type can carry?
-bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
+bool qp_has_send_queue(ibv_qp_type type)
+{
+	return type != IBV_QPT_XRC_RECV;
+}
+
+bool qp_has_recv_queue(ibv_qp_type type)
+{
+	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD;
+}
+
+bool inline_allowed(ibv_wr_opcode op)
+{
+	return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+	       op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+// Builds the WQE of `wr` in place. Returns 0 or an errno.
+int qp_wqe_from_wr(xsrc_qp *qp, const ibv_send_wr *wr, xsrc_send_wqe &wqe)
+{
+	wqe.clear();
+	wqe.wr_id = wr->wr_id;
+	wqe.opcode = wr->opcode;
+	wqe.flags = wr->send_flags;
+	wqe.imm_data = wr->imm_data;
+	if (wr->num_sge < 0) {
+		verbs_debug(qp_vctx(qp), "post_send: QP %u: num_sge %d is negative\n", qp->qpn.value(),
+			    wr->num_sge);
+		return EINVAL;
+	}
+	wqe.num_sge = static_cast<size_t>(wr->num_sge);
+	if (wr->send_flags & IBV_SEND_INLINE)
+		for (int i = 0; i < wr->num_sge; ++i)
+			wqe.inline_len += wr->sg_list[i].length;
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		wqe.remote_addr = wr->wr.rdma.remote_addr;
+		wqe.rkey = xsrc::Rkey(wr->wr.rdma.rkey);
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		wqe.remote_addr = wr->wr.atomic.remote_addr;
+		wqe.rkey = xsrc::Rkey(wr->wr.atomic.rkey);
+		wqe.compare_add = wr->wr.atomic.compare_add;
+		wqe.swap = wr->wr.atomic.swap;
+		break;
+	default:
+		break;
+	}
+	if (qp->type == IBV_QPT_XRC_SEND)
+		wqe.remote_srqn = xsrc::Srqn(wr->qp_type.xrc.remote_srqn);
+	if (qp->type == IBV_QPT_UD) {
+		wqe.ah = wr->wr.ud.ah ? to_xsrc_ah(wr->wr.ud.ah) : nullptr;
+		wqe.remote_qpn = xsrc::Qpn(wr->wr.ud.remote_qpn);
+		wqe.remote_qkey = wr->wr.ud.remote_qkey;
+	}
+	if (int err = xsrc_qp_validate_wqe(qp, wqe))
+		return err;
+	// The application may reuse its buffers as soon as we return.
+	if (wr->send_flags & IBV_SEND_INLINE)
+		qp->sq.slots().set_inline_from_sge(wqe, wr->sg_list, wqe.num_sge);
+	else
+		qp->sq.slots().set_sge(wqe, wr->sg_list, wqe.num_sge);
+	return 0;
+}
+
+// Why the device refused a QP's capabilities, named against its limits.
+void qp_explain_caps(xsrc_context *ctx, const ibv_qp_cap &cap)
+{
+	verbs_context *vctx = &ctx->ibv_ctx;
+	ibv_device_attr dev{};
+	if (ibv_query_device(&ctx->ibv_ctx.context, &dev)) {
+		verbs_err(vctx, "create_qp: caps refused: max_send_wr %u max_recv_wr %u max_send_sge %u "
+				"max_recv_sge %u max_inline_data %u\n",
+			  cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge, cap.max_inline_data);
+		return;
+	}
+	const struct {
+		const char *name;
+		uint32_t asked;
+		int limit;
+	} caps[] = {
+		{"max_send_wr", cap.max_send_wr, dev.max_qp_wr},
+		{"max_recv_wr", cap.max_recv_wr, dev.max_qp_wr},
+		{"max_send_sge", cap.max_send_sge, dev.max_sge},
+		{"max_recv_sge", cap.max_recv_sge, dev.max_sge},
+		{"max_inline_data", cap.max_inline_data, static_cast<int>(ctx->max_inline_data)},
+	};
+	for (const auto &c : caps)
+		if (c.asked > static_cast<uint32_t>(c.limit))
+			verbs_err(vctx, "create_qp: %s %u exceeds %d\n", c.name, c.asked, c.limit);
+}
+
+}  // namespace
+
+int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder)
+{
+	// A receive QP's send queue refuses every WQE, from one slot.
+	bool has_sq = qp_has_send_queue(qp->type);
+	uint32_t wr = has_sq ? qp->max_send_wr : 0, sge = has_sq ? qp->max_send_sge : 0,
+		 inl = has_sq ? qp->max_inline_data : 0;
+	if (qp->sq.init(wr, sge, inl) || (builder && qp->staged.init(size_t(wr) + 2, sge, inl))) {
+		verbs_err(&ctx->ibv_ctx,
+			  "create_qp: no memory for a send queue of %u WQEs of %u SGEs and %u inline bytes\n", wr,
+			  sge, inl);
+		return ENOMEM;
+	}
+	return has_sq ? xsrc_progress_prepare(ctx) : 0;
+}
+
+namespace {
+
+ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
+{
+	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	verbs_context *vctx = &ctx->ibv_ctx;
+	if (attr->comp_mask & ~supported_init_mask) {
+		verbs_err(vctx, "create_qp: comp_mask 0x%x has unsupported bits 0x%x\n", attr->comp_mask,
+			  attr->comp_mask & ~supported_init_mask);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if (attr->create_flags) {
+		verbs_err(vctx, "create_qp: create_flags 0x%x are not supported\n", attr->create_flags);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	    (attr->send_ops_flags & ~supported_send_ops)) {
+		verbs_err(vctx, "create_qp: send_ops_flags 0x%llx has unsupported bits 0x%llx\n",
+			  static_cast<unsigned long long>(attr->send_ops_flags),
+			  static_cast<unsigned long long>(attr->send_ops_flags & ~supported_send_ops));
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
+	    attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV) {
+		verbs_err(vctx, "create_qp: qp_type %d is not supported\n", attr->qp_type);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	auto *qp = new (std::nothrow) xsrc_qp{};
+	if (!qp) {
+		verbs_err(vctx, "create_qp: no memory for the QP\n");
+		errno = ENOMEM;
+		return nullptr;
+	}
+	ibv_qp_cap asked = attr->cap;
+	struct ibv_create_qp_ex cmd{};
+	verbs_drv_buf<ib_uverbs_ex_create_qp_resp, xsrc_create_qp_resp> resp;
+	if (int err = ibv_cmd_create_qp_ex2(ibctx, &qp->vqp, attr, &cmd, sizeof(cmd), resp.core(), resp.size)) {
+		delete qp;
+		if (err == EINVAL)
+			qp_explain_caps(ctx, asked);
+		verbs_err(vctx, "create_qp: the device refused a QP of type %d: %s\n", attr->qp_type, strerror(err));
+		errno = err;
+		return nullptr;
+	}
+	qp->qpn = xsrc::Qpn(qp->vqp.qp.qp_num);
+	qp->entry = ctx->arena.qp(qp->qpn);
+	qp->rq = ctx->arena.at<xsrc_recv_ring>(resp.driver().rq_off);
+	bool has_rq = qp_has_recv_queue(attr->qp_type);
+	qp->send_cq = attr->send_cq ? to_xsrc_cq(attr->send_cq) : nullptr;
+	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
+	qp->srq = has_rq && attr->srq ? to_xsrc_srq(attr->srq) : nullptr;
+	qp->type = attr->qp_type;
+	qp->max_send_wr = attr->cap.max_send_wr;
+	qp->max_send_sge = attr->cap.max_send_sge;
+	qp->max_recv_sge = attr->cap.max_recv_sge;
+	qp->max_inline_data = attr->cap.max_inline_data;
+	qp->sq_sig_all = attr->sq_sig_all;
+	int err = 0;
+	if (!qp->entry || qp->entry->qpn != qp->qpn.value() || (has_rq && !qp->srq && !qp->rq)) {
+		verbs_err(vctx, "create_qp: QP %u: the device answered no %s\n", qp->qpn.value(),
+			  qp->entry && qp->entry->qpn == qp->qpn.value() ? "receive ring" : "QP table entry");
+		err = EPROTO;
+	} else {
+		err = xsrc_qp_prepare_send(ctx, qp, attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);
+	}
+	if (err) {
+		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		delete qp;
+		errno = err;
+		return nullptr;
+	}
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		xsrc_qp_wr_set_ops(qp->vqp.qp_ex);
+		qp->vqp.comp_mask |= VERBS_QP_EX;
+	}
+	return &qp->vqp.qp;
+}
+
+}  // namespace
+
+bool xsrc_qp_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
 {
 	switch (op) {
 	case IBV_WR_SEND:
@@ -42,312 +234,57 @@ bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
 	}
 }
 
-// Checks what a HCA checks when a WQE is posted. Returns 0 or an errno.
-int validate(xsrc_qp *qp, const xsrc_send_wqe &wqe, size_t num_sge, uint64_t inline_len)
+int xsrc_qp_validate_wqe(xsrc_qp *qp, const xsrc_send_wqe &wqe)
 {
-	uint32_t state = qp_state(qp);
-	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD && state != IBV_QPS_SQE && state != IBV_QPS_ERR)
+	verbs_context *vctx = qp_vctx(qp);
+	uint32_t qpn = qp->qpn.value();
+	ibv_qp_state state = xsrc::qp_state_load(*qp->entry);
+	bool inl = wqe.flags & IBV_SEND_INLINE;
+	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD && state != IBV_QPS_SQE && state != IBV_QPS_ERR) {
+		verbs_debug(vctx, "post_send: QP %u is in state %d, which takes no sends\n", qpn, state);
 		return EINVAL;
-	if (!opcode_allowed(qp->type, wqe.opcode))
+	}
+	if (!xsrc_qp_opcode_allowed(qp->type, wqe.opcode)) {
+		verbs_debug(vctx, "post_send: QP %u of type %d cannot carry opcode %d\n", qpn, qp->type, wqe.opcode);
 		return EINVAL;
-	if (num_sge > qp->max_send_sge)
+	}
+	if (wqe.num_sge > qp->max_send_sge) {
+		verbs_debug(vctx, "post_send: QP %u: num_sge %zu exceeds max_send_sge %u\n", qpn, wqe.num_sge,
+			    qp->max_send_sge);
 		return EINVAL;
-	if ((wqe.flags & IBV_SEND_INLINE) && inline_len > qp->max_inline_data)
+	}
+	if (inl && wqe.inline_len > qp->max_inline_data) {
+		verbs_debug(vctx, "post_send: QP %u: %llu inline bytes exceed max_inline_data %u\n", qpn,
+			    static_cast<unsigned long long>(wqe.inline_len), qp->max_inline_data);
 		return EINVAL;
-	if ((wqe.flags & IBV_SEND_INLINE) &&
-	    wqe.opcode != IBV_WR_SEND && wqe.opcode != IBV_WR_SEND_WITH_IMM &&
-	    wqe.opcode != IBV_WR_RDMA_WRITE && wqe.opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
+	}
+	if (inl && !inline_allowed(wqe.opcode)) {
+		verbs_debug(vctx, "post_send: QP %u: opcode %d cannot be IBV_SEND_INLINE\n", qpn, wqe.opcode);
 		return EINVAL;
-	if (qp->type == IBV_QPT_UD && !wqe.ah)
+	}
+	if (qp->type == IBV_QPT_UD && !wqe.ah) {
+		verbs_debug(vctx, "post_send: UD QP %u: a send needs an address handle\n", qpn);
 		return EINVAL;
-	if (qp->type == IBV_QPT_XRC_SEND && !wqe.remote_srqn)
+	}
+	if (qp->type == IBV_QPT_XRC_SEND && !wqe.remote_srqn.value()) {
+		verbs_debug(vctx, "post_send: XRC QP %u: a send needs remote_srqn\n", qpn);
 		return EINVAL;
-	if (qp->type == IBV_QPT_XRC_RECV)
-		return EINVAL;  // a receive QP has no send queue
-	if (qp->sq.size() >= qp->max_send_wr)
+	}
+	if (qp->type == IBV_QPT_XRC_RECV) {
+		verbs_debug(vctx, "post_send: XRC receive QP %u has no send queue\n", qpn);
+		return EINVAL;
+	}
+	if (qp->sq.size() >= qp->max_send_wr) {
+		verbs_debug(vctx, "post_send: QP %u: the send queue holds max_send_wr %u blocked WQEs\n", qpn,
+			    qp->max_send_wr);
 		return ENOMEM;
-	return 0;
-}
-
-int wqe_from_wr(xsrc_qp *qp, const ibv_send_wr *wr, xsrc_send_wqe &wqe)
-{
-	wqe.wr_id = wr->wr_id;
-	wqe.opcode = wr->opcode;
-	wqe.flags = wr->send_flags;
-	wqe.imm_data = wr->imm_data;
-	uint64_t inline_len = 0;
-	if (wr->num_sge < 0)
-		return EINVAL;
-	for (int i = 0; i < wr->num_sge; ++i)
-		inline_len += wr->sg_list[i].length;
-	switch (wr->opcode) {
-	case IBV_WR_RDMA_WRITE:
-	case IBV_WR_RDMA_WRITE_WITH_IMM:
-	case IBV_WR_RDMA_READ:
-		wqe.remote_addr = wr->wr.rdma.remote_addr;
-		wqe.rkey = wr->wr.rdma.rkey;
-		break;
-	case IBV_WR_ATOMIC_CMP_AND_SWP:
-	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		wqe.remote_addr = wr->wr.atomic.remote_addr;
-		wqe.rkey = wr->wr.atomic.rkey;
-		wqe.compare_add = wr->wr.atomic.compare_add;
-		wqe.swap = wr->wr.atomic.swap;
-		break;
-	default:
-		break;
-	}
-	if (qp->type == IBV_QPT_XRC_SEND)
-		wqe.remote_srqn = wr->qp_type.xrc.remote_srqn;
-	if (qp->type == IBV_QPT_UD) {
-		wqe.ah = wr->wr.ud.ah ? to_xsrc_ah(wr->wr.ud.ah) : nullptr;
-		wqe.remote_qpn = wr->wr.ud.remote_qpn;
-		wqe.remote_qkey = wr->wr.ud.remote_qkey;
-	}
-	if (int err = validate(qp, wqe, static_cast<size_t>(wr->num_sge), inline_len))
-		return err;
-	if (wr->send_flags & IBV_SEND_INLINE) {
-		// The application may reuse its buffers as soon as we return.
-		wqe.inline_data.reserve(inline_len);
-		for (int i = 0; i < wr->num_sge; ++i) {
-			auto *p = reinterpret_cast<const unsigned char *>(wr->sg_list[i].addr);
-			wqe.inline_data.insert(wqe.inline_data.end(), p, p + wr->sg_list[i].length);
-		}
-	} else {
-		wqe.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
 	}
 	return 0;
 }
-
-// --- ibv_qp_ex: ibv_wr_start ... ibv_wr_complete --------------------------
-
-xsrc_send_wqe *wr_new(ibv_qp_ex *ibqp, ibv_wr_opcode op)
-{
-	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	xsrc_send_wqe &wqe = qp->staged.emplace_back();
-	wqe.wr_id = ibqp->wr_id;
-	wqe.flags = ibqp->wr_flags;
-	wqe.opcode = op;
-	if (!opcode_allowed(qp->type, op))
-		qp->staged_error = EINVAL;
-	return &wqe;
-}
-
-xsrc_send_wqe *wr_last(ibv_qp_ex *ibqp)
-{
-	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	if (qp->staged.empty()) {
-		qp->staged_error = EINVAL;
-		static thread_local xsrc_send_wqe scratch;
-		return &scratch;
-	}
-	return &qp->staged.back();
-}
-
-void wr_send(ibv_qp_ex *qp)
-{
-	wr_new(qp, IBV_WR_SEND);
-}
-
-void wr_send_imm(ibv_qp_ex *qp, __be32 imm)
-{
-	wr_new(qp, IBV_WR_SEND_WITH_IMM)->imm_data = imm;
-}
-
-void wr_rdma_write(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr)
-{
-	xsrc_send_wqe *w = wr_new(qp, IBV_WR_RDMA_WRITE);
-	w->rkey = rkey;
-	w->remote_addr = addr;
-}
-
-void wr_rdma_write_imm(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, __be32 imm)
-{
-	xsrc_send_wqe *w = wr_new(qp, IBV_WR_RDMA_WRITE_WITH_IMM);
-	w->rkey = rkey;
-	w->remote_addr = addr;
-	w->imm_data = imm;
-}
-
-void wr_rdma_read(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr)
-{
-	xsrc_send_wqe *w = wr_new(qp, IBV_WR_RDMA_READ);
-	w->rkey = rkey;
-	w->remote_addr = addr;
-}
-
-void wr_atomic_cmp_swp(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap)
-{
-	xsrc_send_wqe *w = wr_new(qp, IBV_WR_ATOMIC_CMP_AND_SWP);
-	w->rkey = rkey;
-	w->remote_addr = addr;
-	w->compare_add = compare;
-	w->swap = swap;
-}
-
-void wr_atomic_fetch_add(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, uint64_t add)
-{
-	xsrc_send_wqe *w = wr_new(qp, IBV_WR_ATOMIC_FETCH_AND_ADD);
-	w->rkey = rkey;
-	w->remote_addr = addr;
-	w->compare_add = add;
-}
-
-void wr_set_sge(ibv_qp_ex *qp, uint32_t lkey, uint64_t addr, uint32_t length)
-{
-	xsrc_send_wqe *w = wr_last(qp);
-	ibv_sge one{addr, length, lkey};
-	w->sge.assign(&one, &one + 1);
-}
-
-void wr_set_sge_list(ibv_qp_ex *qp, size_t num_sge, const ibv_sge *sg_list)
-{
-	wr_last(qp)->sge.assign(sg_list, sg_list + num_sge);
-}
-
-void wr_set_inline_data(ibv_qp_ex *qp, void *addr, size_t length)
-{
-	xsrc_send_wqe *w = wr_last(qp);
-	auto *p = static_cast<const unsigned char *>(addr);
-	w->flags |= IBV_SEND_INLINE;
-	w->inline_data.assign(p, p + length);
-}
-
-void wr_set_inline_data_list(ibv_qp_ex *qp, size_t num_buf, const ibv_data_buf *buf_list)
-{
-	xsrc_send_wqe *w = wr_last(qp);
-	w->flags |= IBV_SEND_INLINE;
-	w->inline_data.clear();
-	for (size_t i = 0; i < num_buf; ++i) {
-		auto *p = static_cast<const unsigned char *>(buf_list[i].addr);
-		w->inline_data.insert(w->inline_data.end(), p, p + buf_list[i].length);
-	}
-}
-
-void wr_set_ud_addr(ibv_qp_ex *qp, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey)
-{
-	xsrc_send_wqe *w = wr_last(qp);
-	w->ah = ah ? to_xsrc_ah(ah) : nullptr;
-	w->remote_qpn = remote_qpn;
-	w->remote_qkey = remote_qkey;
-}
-
-void wr_set_xrc_srqn(ibv_qp_ex *qp, uint32_t remote_srqn)
-{
-	wr_last(qp)->remote_srqn = remote_srqn;
-}
-
-void wr_start(ibv_qp_ex *ibqp)
-{
-	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	qp->sq_lock.lock();
-	qp->staged.clear();
-	qp->staged_error = 0;
-}
-
-int wr_complete(ibv_qp_ex *ibqp)
-{
-	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	int err = qp->staged_error;
-	for (size_t i = 0; !err && i < qp->staged.size(); ++i) {
-		const xsrc_send_wqe &w = qp->staged[i];
-		uint64_t len = w.inline_data.size();
-		err = validate(qp, w, w.sge.size(), len);
-		if (!err && qp->sq.size() + i >= qp->max_send_wr)
-			err = ENOMEM;
-	}
-	if (!err)
-		for (xsrc_send_wqe &w : qp->staged)
-			xsrc_sq_post(qp, std::move(w));
-	qp->staged.clear();
-	qp->sq_lock.unlock();
-	return err;
-}
-
-void wr_abort(ibv_qp_ex *ibqp)
-{
-	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	qp->staged.clear();
-	qp->sq_lock.unlock();
-}
-
-void set_wr_ops(ibv_qp_ex &q)
-{
-	q.wr_send = wr_send;
-	q.wr_send_imm = wr_send_imm;
-	q.wr_rdma_write = wr_rdma_write;
-	q.wr_rdma_write_imm = wr_rdma_write_imm;
-	q.wr_rdma_read = wr_rdma_read;
-	q.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
-	q.wr_atomic_fetch_add = wr_atomic_fetch_add;
-	q.wr_set_sge = wr_set_sge;
-	q.wr_set_sge_list = wr_set_sge_list;
-	q.wr_set_inline_data = wr_set_inline_data;
-	q.wr_set_inline_data_list = wr_set_inline_data_list;
-	q.wr_set_ud_addr = wr_set_ud_addr;
-	q.wr_set_xrc_srqn = wr_set_xrc_srqn;
-	q.wr_start = wr_start;
-	q.wr_complete = wr_complete;
-	q.wr_abort = wr_abort;
-}
-
-using create_qp_resp = verbs_drv_buf<ib_uverbs_ex_create_qp_resp, xsrc_create_qp_resp>;
-
-}  // namespace
 
 ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 {
-	xsrc_context *ctx = to_xsrc_ctx(ibctx);
-	if ((attr->comp_mask & ~supported_init_mask) || attr->create_flags) {
-		errno = EOPNOTSUPP;
-		return nullptr;
-	}
-	if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
-	    (attr->send_ops_flags & ~supported_send_ops)) {
-		errno = EOPNOTSUPP;
-		return nullptr;
-	}
-	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
-	    attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV) {
-		errno = EOPNOTSUPP;
-		return nullptr;
-	}
-	auto *qp = new (std::nothrow) xsrc_qp{};
-	if (!qp) {
-		errno = ENOMEM;
-		return nullptr;
-	}
-	struct ibv_create_qp_ex cmd{};
-	create_qp_resp resp;
-	if (int err = ibv_cmd_create_qp_ex2(ibctx, &qp->vqp, attr, &cmd, sizeof(cmd), resp.core(), resp.size)) {
-		delete qp;
-		errno = err;
-		return nullptr;
-	}
-	qp->qpn = qp->vqp.qp.qp_num;
-	qp->entry = ctx->arena.qp(qp->qpn);
-	qp->rq = ctx->arena.at<xsrc_recv_ring>(resp.driver().rq_off);
-	bool has_rq = attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC || attr->qp_type == IBV_QPT_UD;
-	qp->send_cq = attr->send_cq ? to_xsrc_cq(attr->send_cq) : nullptr;
-	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
-	qp->srq = has_rq && attr->srq ? to_xsrc_srq(attr->srq) : nullptr;
-	qp->type = attr->qp_type;
-	qp->max_send_wr = attr->cap.max_send_wr;
-	qp->max_send_sge = attr->cap.max_send_sge;
-	qp->max_recv_sge = attr->cap.max_recv_sge;
-	qp->max_inline_data = attr->cap.max_inline_data;
-	qp->sq_sig_all = attr->sq_sig_all;
-	if (!qp->entry || qp->entry->qpn != qp->qpn || (has_rq && !qp->srq && !qp->rq)) {
-		ibv_cmd_destroy_qp(&qp->vqp.qp);
-		delete qp;
-		errno = EPROTO;
-		return nullptr;
-	}
-	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
-		set_wr_ops(qp->vqp.qp_ex);
-		qp->vqp.comp_mask |= VERBS_QP_EX;
-	}
-	return &qp->vqp.qp;
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_qp", [&] { return qp_create(ibctx, attr); });
 }
 
 ibv_qp *xsrc_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr)
@@ -372,13 +309,17 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	struct ibv_modify_qp cmd{};
-	if (int err = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd)))
+	if (int err = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd))) {
+		verbs_debug(qp_vctx(qp), "modify_qp: the device refused QP %u attr_mask 0x%x%s: %s\n",
+			    qp->qpn.value(), attr_mask, attr_mask & IBV_QP_STATE ? " with a state change" : "",
+			    strerror(err));
 		return err;
+	}
 	if (!(attr_mask & IBV_QP_STATE))
 		return 0;
 	if (attr->qp_state == IBV_QPS_ERR) {
 		std::lock_guard guard(qp->sq_lock);
-		xsrc_qp_flush(qp);
+		xsrc_requester_flush(qp);
 	} else if (attr->qp_state == IBV_QPS_RESET) {
 		// Back to RESET: the queues are emptied without completions.
 		std::lock_guard guard(qp->sq_lock);
@@ -394,56 +335,66 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 int xsrc_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr)
 {
 	struct ibv_query_qp cmd{};
-	return ibv_cmd_query_qp(qp, attr, attr_mask, init_attr, &cmd, sizeof(cmd));
+	int err = ibv_cmd_query_qp(qp, attr, attr_mask, init_attr, &cmd, sizeof(cmd));
+	if (err)
+		verbs_debug(qp_vctx(to_xsrc_qp(qp)), "query_qp: the device refused QP %u attr_mask 0x%x: %s\n",
+			    qp->qp_num, attr_mask, strerror(err));
+	return err;
 }
 
 int xsrc_destroy_qp(ibv_qp *ibqp)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	xsrc_progress_forget(to_xsrc_ctx(ibqp->context), qp);
-	if (int err = ibv_cmd_destroy_qp(ibqp))
+	if (int err = ibv_cmd_destroy_qp(ibqp)) {
+		verbs_err(qp_vctx(qp), "destroy_qp: the device refused QP %u: %s\n", qp->qpn.value(), strerror(err));
 		return err;
+	}
 	delete qp;
 	return 0;
 }
 
-int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr)
+// The fast path: each WQE is built in the send queue's free slot and
+// executed from there; nothing allocates, nothing throws.
+int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	std::lock_guard guard(qp->sq_lock);
 	for (; wr; wr = wr->next) {
-		xsrc_send_wqe wqe;
-		if (int err = wqe_from_wr(qp, wr, wqe)) {
+		if (int err = qp_wqe_from_wr(qp, wr, qp->sq.next())) {
 			*bad_wr = wr;
 			return err;
 		}
-		xsrc_sq_post(qp, std::move(wqe));
+		xsrc_requester_post(qp);
 	}
 	return 0;
 }
 
-int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
+int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	xsrc_context *ctx = to_xsrc_ctx(ibqp->context);
 	std::lock_guard guard(qp->rq_lock);
 	for (; wr; wr = wr->next) {
-		uint32_t state = qp_state(qp);
+		ibv_qp_state state = xsrc::qp_state_load(*qp->entry);
 		if (!qp->rq || state == IBV_QPS_RESET || wr->num_sge < 0 ||
 		    static_cast<uint32_t>(wr->num_sge) > qp->max_recv_sge) {
+			verbs_debug(&ctx->ibv_ctx, "post_recv: QP %u refuses: %s (num_sge %d, max_recv_sge %u)\n",
+				    qp->qpn.value(),
+				    !qp->rq ? "no receive queue (an SRQ's QP?)"
+				    : state == IBV_QPS_RESET ? "the QP is in RESET"
+							     : "num_sge out of range",
+				    wr->num_sge, qp->max_recv_sge);
 			*bad_wr = wr;
 			return EINVAL;
 		}
 		if (state == IBV_QPS_ERR) {
-			xsrc_cqe c{};
-			c.wr_id = wr->wr_id;
-			c.status = IBV_WC_WR_FLUSH_ERR;
-			c.opcode = IBV_WC_RECV;
-			c.qp_num = qp->qpn;
-			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0, c);
+			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0,
+					 xsrc_make_cqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 			continue;
 		}
 		if (!xsrc_recv_post(qp->rq, wr)) {
+			verbs_debug(&ctx->ibv_ctx, "post_recv: QP %u: the receive queue is full\n", qp->qpn.value());
 			*bad_wr = wr;
 			return ENOMEM;
 		}

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <xsrc-qp-state.h>
 #include <xsrc-queues.h>
 
 #include <sched.h>
@@ -15,13 +16,24 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/atomic.h"
+#include "common/ids.h"
+
 namespace xsrc {
 
-template <typename T>
-inline std::atomic_ref<T> atomic(T &v)
+// The state of a QP table entry (the arena's encoding: xsrc-qp-state.h).
+inline ibv_qp_state qp_state_load(const xsrc_qp_entry &e)
 {
-	return std::atomic_ref<T>(v);
+	return xsrc_qp_state_decode(load_acquire(const_cast<__u32 &>(e.state)));
 }
+
+inline void qp_state_store(xsrc_qp_entry &e, ibv_qp_state state)
+{
+	store_release(e.state, xsrc_qp_state_encode(state));
+}
+
+// An MR key is its table index << 8 | a salt (xsrc_mr_entry::key).
+constexpr unsigned kMrKeyIndexShift = 8;
 
 // One device's shared-memory arena, mapped into this process.
 struct Arena {
@@ -37,28 +49,35 @@ struct Arena {
 	{
 		return off && off + sizeof(T) <= size ? reinterpret_cast<T *>(base + off) : nullptr;
 	}
-	xsrc_qp_entry *qp(uint32_t qpn) const
+	xsrc_qp_entry *qp(Qpn qpn) const
 	{
-		if (qpn < XSRC_QPN_BASE || qpn - XSRC_QPN_BASE >= XSRC_QP_TABLE_LEN)
+		uint32_t n = qpn.value();
+		if (n < XSRC_QPN_BASE || n - XSRC_QPN_BASE >= XSRC_QP_TABLE_LEN)
 			return nullptr;
-		return at<xsrc_qp_entry>(header().qp_table_off) + (qpn - XSRC_QPN_BASE);
+		return at<xsrc_qp_entry>(header().qp_table_off) + (n - XSRC_QPN_BASE);
 	}
-	xsrc_mr_entry *mr(uint32_t key) const
+	// An lkey and an rkey name the same table entry.
+	xsrc_mr_entry *mr(Lkey key) const { return mr_at(key.value()); }
+	xsrc_mr_entry *mr(Rkey key) const { return mr_at(key.value()); }
+	xsrc_srq_entry *srq(Srqn srqn) const
 	{
-		uint32_t index = key >> 8;
-		if (index >= XSRC_MR_TABLE_LEN)
+		uint32_t n = srqn.value();
+		if (n < XSRC_SRQN_BASE || n - XSRC_SRQN_BASE >= XSRC_SRQ_TABLE_LEN)
 			return nullptr;
-		return at<xsrc_mr_entry>(header().mr_table_off) + index;
-	}
-	xsrc_srq_entry *srq(uint32_t srqn) const
-	{
-		if (srqn < XSRC_SRQN_BASE || srqn - XSRC_SRQN_BASE >= XSRC_SRQ_TABLE_LEN)
-			return nullptr;
-		return at<xsrc_srq_entry>(header().srq_table_off) + (srqn - XSRC_SRQN_BASE);
+		return at<xsrc_srq_entry>(header().srq_table_off) + (n - XSRC_SRQN_BASE);
 	}
 	uint32_t *atomic_lock(uint64_t hash) const
 	{
 		return at<uint32_t>(header().atomic_locks_off) + hash % XSRC_ATOMIC_LOCKS;
+	}
+
+private:
+	xsrc_mr_entry *mr_at(uint32_t key) const
+	{
+		uint32_t index = key >> kMrKeyIndexShift;
+		if (index >= XSRC_MR_TABLE_LEN)
+			return nullptr;
+		return at<xsrc_mr_entry>(header().mr_table_off) + index;
 	}
 };
 
@@ -68,11 +87,12 @@ struct Arena {
 // simply learnt again (one more failed system call), never lost.
 struct PeerSet {
 	static constexpr size_t kSlots = 64;
+	static constexpr size_t kProbes = 4;  // slots a pid may sit in
 	uint32_t slots[kSlots];
 
 	bool contains(uint32_t pid) const
 	{
-		for (size_t i = 0; i < 4; ++i)
+		for (size_t i = 0; i < kProbes; ++i)
 			if (atomic(const_cast<uint32_t &>(slots[(pid + i) % kSlots]))
 				    .load(std::memory_order_relaxed) == pid)
 				return true;
@@ -80,7 +100,7 @@ struct PeerSet {
 	}
 	void add(uint32_t pid)
 	{
-		for (size_t i = 0; i < 4; ++i) {
+		for (size_t i = 0; i < kProbes; ++i) {
 			uint32_t expected = 0;
 			if (atomic(slots[(pid + i) % kSlots])
 				    .compare_exchange_strong(expected, pid, std::memory_order_relaxed) ||
@@ -206,10 +226,11 @@ inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge,
 	xsrc_recv_wqe *slot = recv_slot(ring, pos);
 	// A consumer that claimed this slot a lap ago may still be copying it
 	// out (or was preempted doing so): give it a moment.
+	constexpr unsigned kMaxSpins = 4096, kSpinsPerYield = 64;
 	for (unsigned spins = 0; atomic(slot->seq).load(std::memory_order_acquire) != pos; ++spins) {
-		if (spins == 4096)
+		if (spins == kMaxSpins)
 			return false;
-		if (spins % 64 == 63)
+		if (spins % kSpinsPerYield == kSpinsPerYield - 1)
 			sched_yield();
 	}
 	slot->wr_id = wr_id;

@@ -9,13 +9,40 @@ namespace {
 
 using create_srq_resp = verbs_drv_buf<ib_uverbs_create_srq_resp, xsrc_create_srq_resp>;
 
-// Completes the setup of an SRQ the daemon created.
-ibv_srq *finish(xsrc_context *ctx, xsrc_srq *srq, const xsrc_create_srq_resp &drv, uint32_t max_sge)
+constexpr uint32_t supported_srq_init_mask =
+	IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+
+xsrc_srq *srq_alloc(verbs_context *vctx)
 {
+	auto *srq = new (std::nothrow) xsrc_srq{};
+	if (!srq) {
+		verbs_err(vctx, "create_srq: no memory for the SRQ\n");
+		errno = ENOMEM;
+	}
+	return srq;
+}
+
+// The device refused to create it.
+ibv_srq *srq_refused(verbs_context *vctx, xsrc_srq *srq, const ibv_srq_attr &attr, int err)
+{
+	verbs_err(vctx, "create_srq: the device refused max_wr %u max_sge %u srq_limit %u: %s\n", attr.max_wr,
+		  attr.max_sge, attr.srq_limit, strerror(err));
+	delete srq;
+	errno = err;
+	return nullptr;
+}
+
+// Completes the setup of an SRQ the daemon created.
+ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uint32_t max_sge)
+{
+	srq->vsrq.srq_num = resp.core()->srqn;
+	const xsrc_create_srq_resp &drv = resp.driver();
 	srq->ring = ctx->arena.at<xsrc_recv_ring>(drv.ring_off);
-	srq->srqn = srq->vsrq.srq_num;
+	srq->srqn = xsrc::Srqn(srq->vsrq.srq_num);
 	srq->max_sge = max_sge;
 	if (!srq->ring || !srq->ring->num_entries) {
+		verbs_err(&ctx->ibv_ctx, "create_srq: SRQ %u: the device answered ring_off 0x%llx, not a receive ring\n",
+			  srq->srqn.value(), static_cast<unsigned long long>(drv.ring_off));
 		ibv_cmd_destroy_srq(&srq->vsrq.srq);
 		delete srq;
 		errno = EPROTO;
@@ -24,88 +51,111 @@ ibv_srq *finish(xsrc_context *ctx, xsrc_srq *srq, const xsrc_create_srq_resp &dr
 	return &srq->vsrq.srq;
 }
 
+ibv_srq *srq_create_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
+{
+	xsrc_context *ctx = to_xsrc_ctx(ibctx);
+	if (attr->comp_mask & ~supported_srq_init_mask) {
+		verbs_err(&ctx->ibv_ctx, "create_srq_ex: comp_mask 0x%x has unsupported bits 0x%x\n", attr->comp_mask,
+			  attr->comp_mask & ~supported_srq_init_mask);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC &&
+	    attr->srq_type != IBV_SRQT_XRC) {
+		verbs_err(&ctx->ibv_ctx, "create_srq_ex: srq_type %d is not supported\n", attr->srq_type);
+		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	xsrc_srq *srq = srq_alloc(&ctx->ibv_ctx);
+	if (!srq)
+		return nullptr;
+	struct ibv_create_xsrq cmd{};
+	create_srq_resp resp;
+	if (int err = ibv_cmd_create_srq_ex(ibctx, &srq->vsrq, attr, &cmd, sizeof(cmd), resp.core(), resp.size))
+		return srq_refused(&ctx->ibv_ctx, srq, attr->attr, err);
+	return srq_finish(ctx, srq, resp, attr->attr.max_sge);
+}
+
+ibv_srq *srq_create(ibv_pd *pd, ibv_srq_init_attr *attr)
+{
+	xsrc_context *ctx = to_xsrc_ctx(pd->context);
+	xsrc_srq *srq = srq_alloc(&ctx->ibv_ctx);
+	if (!srq)
+		return nullptr;
+	struct ibv_create_srq cmd{};
+	create_srq_resp resp;
+	if (int err = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd, sizeof(cmd), resp.core(), resp.size))
+		return srq_refused(&ctx->ibv_ctx, srq, attr->attr, err);
+	return srq_finish(ctx, srq, resp, attr->attr.max_sge);
+}
+
+verbs_context *srq_vctx(const ibv_srq *srq)
+{
+	return &to_xsrc_ctx(srq->context)->ibv_ctx;
+}
+
 }  // namespace
 
 ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 {
-	constexpr uint32_t supported = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
-				       IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-	if ((attr->comp_mask & ~supported) ||
-	    ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC &&
-	     attr->srq_type != IBV_SRQT_XRC)) {
-		errno = EOPNOTSUPP;
-		return nullptr;
-	}
-	auto *srq = new (std::nothrow) xsrc_srq{};
-	if (!srq) {
-		errno = ENOMEM;
-		return nullptr;
-	}
-	struct ibv_create_xsrq cmd{};
-	create_srq_resp resp;
-	if (int err = ibv_cmd_create_srq_ex(ibctx, &srq->vsrq, attr, &cmd, sizeof(cmd), resp.core(), resp.size)) {
-		delete srq;
-		errno = err;
-		return nullptr;
-	}
-	srq->vsrq.srq_num = resp.core()->srqn;
-	return finish(to_xsrc_ctx(ibctx), srq, resp.driver(), attr->attr.max_sge);
+	return xsrc_boundary(&to_xsrc_ctx(ibctx)->ibv_ctx, "create_srq_ex", [&] { return srq_create_ex(ibctx, attr); });
 }
 
 ibv_srq *xsrc_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr)
 {
-	auto *srq = new (std::nothrow) xsrc_srq{};
-	if (!srq) {
-		errno = ENOMEM;
-		return nullptr;
-	}
-	struct ibv_create_srq cmd{};
-	create_srq_resp resp;
-	if (int err = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd, sizeof(cmd), resp.core(), resp.size)) {
-		delete srq;
-		errno = err;
-		return nullptr;
-	}
-	srq->vsrq.srq_num = resp.core()->srqn;
-	return finish(to_xsrc_ctx(pd->context), srq, resp.driver(), attr->attr.max_sge);
+	return xsrc_boundary(&to_xsrc_ctx(pd->context)->ibv_ctx, "create_srq", [&] { return srq_create(pd, attr); });
 }
 
 int xsrc_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int attr_mask)
 {
 	struct ibv_modify_srq cmd{};
-	return ibv_cmd_modify_srq(srq, attr, attr_mask, &cmd, sizeof(cmd));
+	int err = ibv_cmd_modify_srq(srq, attr, attr_mask, &cmd, sizeof(cmd));
+	if (err)
+		verbs_debug(srq_vctx(srq), "modify_srq: the device refused SRQ %u attr_mask 0x%x: %s\n",
+			    to_xsrc_srq(srq)->srqn.value(), attr_mask, strerror(err));
+	return err;
 }
 
 int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr)
 {
 	struct ibv_query_srq cmd{};
-	return ibv_cmd_query_srq(srq, attr, &cmd, sizeof(cmd));
+	int err = ibv_cmd_query_srq(srq, attr, &cmd, sizeof(cmd));
+	if (err)
+		verbs_debug(srq_vctx(srq), "query_srq: the device refused SRQ %u: %s\n", to_xsrc_srq(srq)->srqn.value(),
+			    strerror(err));
+	return err;
 }
 
 int xsrc_destroy_srq(ibv_srq *ibsrq)
 {
-	if (int err = ibv_cmd_destroy_srq(ibsrq))
+	if (int err = ibv_cmd_destroy_srq(ibsrq)) {
+		verbs_err(srq_vctx(ibsrq), "destroy_srq: the device refused SRQ %u: %s\n",
+			  to_xsrc_srq(ibsrq)->srqn.value(), strerror(err));
 		return err;
+	}
 	delete to_xsrc_srq(ibsrq);
 	return 0;
 }
 
 int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num)
 {
-	*srq_num = to_xsrc_srq(srq)->srqn;
+	*srq_num = to_xsrc_srq(srq)->srqn.value();
 	return 0;
 }
 
-int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr)
+int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_srq *srq = to_xsrc_srq(ibsrq);
 	std::lock_guard guard(srq->post_lock);
 	for (; wr; wr = wr->next) {
 		if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->max_sge) {
+			verbs_debug(srq_vctx(ibsrq), "post_srq_recv: SRQ %u: num_sge %d exceeds max_sge %u\n",
+				    srq->srqn.value(), wr->num_sge, srq->max_sge);
 			*bad_wr = wr;
 			return EINVAL;
 		}
 		if (!xsrc_recv_post(srq->ring, wr)) {
+			verbs_debug(srq_vctx(ibsrq), "post_srq_recv: SRQ %u is full\n", srq->srqn.value());
 			*bad_wr = wr;
 			return ENOMEM;
 		}

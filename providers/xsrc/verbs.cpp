@@ -2,7 +2,9 @@
 // The verbs xsrc implements, and the ops table that lists them.
 #include "xsrc.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <new>
 
 namespace {
@@ -17,13 +19,18 @@ int xsrc_query_device_ex(ibv_context *ibctx,
 	size_t resp_size = sizeof(resp);
 
 	if (int err = ibv_cmd_query_device_any(ibctx, input, attr, attr_size,
-					       &resp, &resp_size))
+					       &resp, &resp_size)) {
+		verbs_debug(&to_xsrc_ctx(ibctx)->ibv_ctx, "query_device: the device refused: %s\n",
+			    strerror(err));
 		return err;
+	}
+	// fw_ver packs major.minor.sub_minor in 16-bit fields, as HCAs do.
+	constexpr unsigned kFwMajorShift = 32, kFwMinorShift = 16, kFwFieldMask = 0xffff;
 	uint64_t fw = resp.base.fw_ver;
-	snprintf(attr->orig_attr.fw_ver, sizeof(attr->orig_attr.fw_ver),
-		 "%u.%u.%u", static_cast<unsigned>(fw >> 32) & 0xffff,
-		 static_cast<unsigned>(fw >> 16) & 0xffff,
-		 static_cast<unsigned>(fw) & 0xffff);
+	snprintf(attr->orig_attr.fw_ver, sizeof(attr->orig_attr.fw_ver), "%u.%u.%u",
+		 static_cast<unsigned>(fw >> kFwMajorShift) & kFwFieldMask,
+		 static_cast<unsigned>(fw >> kFwMinorShift) & kFwFieldMask,
+		 static_cast<unsigned>(fw) & kFwFieldMask);
 	return 0;
 }
 
@@ -31,7 +38,11 @@ int xsrc_query_port(ibv_context *ibctx, uint8_t port_num, ibv_port_attr *attr)
 {
 	struct ibv_query_port cmd{};
 
-	return ibv_cmd_query_port(ibctx, port_num, attr, &cmd, sizeof(cmd));
+	int err = ibv_cmd_query_port(ibctx, port_num, attr, &cmd, sizeof(cmd));
+	if (err)
+		verbs_debug(&to_xsrc_ctx(ibctx)->ibv_ctx, "query_port: the device refused port %u: %s\n",
+			    port_num, strerror(err));
+	return err;
 }
 
 void xsrc_async_event(ibv_context *, ibv_async_event *)
@@ -44,14 +55,17 @@ ibv_pd *xsrc_alloc_pd(ibv_context *ibctx)
 {
 	struct ibv_alloc_pd cmd{};
 	ib_uverbs_alloc_pd_resp resp{};
+	verbs_context *vctx = &to_xsrc_ctx(ibctx)->ibv_ctx;
 	auto *pd = new (std::nothrow) ibv_pd{};
 
 	if (!pd) {
+		verbs_err(vctx, "alloc_pd: no memory for the PD\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
 	if (int err = ibv_cmd_alloc_pd(ibctx, pd, &cmd, sizeof(cmd), &resp,
 				       sizeof(resp))) {
+		verbs_err(vctx, "alloc_pd: the device refused: %s\n", strerror(err));
 		delete pd;
 		errno = err;
 		return nullptr;
@@ -61,40 +75,62 @@ ibv_pd *xsrc_alloc_pd(ibv_context *ibctx)
 
 int xsrc_dealloc_pd(ibv_pd *pd)
 {
-	if (int err = ibv_cmd_dealloc_pd(pd))
+	if (int err = ibv_cmd_dealloc_pd(pd)) {
+		verbs_err(&to_xsrc_ctx(pd->context)->ibv_ctx, "dealloc_pd: the device refused: %s\n",
+			  strerror(err));
 		return err;
+	}
 	delete pd;
 	return 0;
 }
 
-ibv_mr *xsrc_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
-		    int access)
+ibv_mr *mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
+	xsrc_context *ctx = to_xsrc_ctx(pd->context);
 	struct ibv_reg_mr cmd{};
 	ib_uverbs_reg_mr_resp resp{};
-	auto *vmr = new (std::nothrow) verbs_mr{};
+	std::unique_ptr<verbs_mr> vmr(new (std::nothrow) verbs_mr{});
 
 	if (!vmr) {
+		verbs_err(&ctx->ibv_ctx, "reg_mr: no memory for the MR\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr,
+	if (int err = ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr.get(),
 				     &cmd, sizeof(cmd), &resp, sizeof(resp))) {
-		delete vmr;
+		verbs_err(&ctx->ibv_ctx, "reg_mr: the device refused %zu bytes at %p, access 0x%x: %s\n", length,
+			  addr, access, strerror(err));
 		errno = err;
 		return nullptr;
 	}
-	if (access & IBV_ACCESS_LOCAL_WRITE)
-		to_xsrc_ctx(pd->context)->local_mrs.add(reinterpret_cast<uintptr_t>(addr), length);
-	return &vmr->ibv_mr;
+	if (access & IBV_ACCESS_LOCAL_WRITE) {
+		try {
+			ctx->local_mrs.add(reinterpret_cast<uintptr_t>(addr), length);
+		} catch (const std::bad_alloc &) {
+			verbs_err(&ctx->ibv_ctx, "reg_mr: no memory to record %zu bytes at %p as ours\n", length,
+				  addr);
+			ibv_cmd_dereg_mr(vmr.get());
+			errno = ENOMEM;
+			return nullptr;
+		}
+	}
+	return &vmr.release()->ibv_mr;
+}
+
+ibv_mr *xsrc_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
+{
+	return xsrc_boundary(&to_xsrc_ctx(pd->context)->ibv_ctx, "reg_mr",
+			     [&] { return mr_register(pd, addr, length, hca_va, access); });
 }
 
 int xsrc_dereg_mr(verbs_mr *vmr)
 {
 	ibv_mr &mr = vmr->ibv_mr;
 	xsrc_context *ctx = to_xsrc_ctx(mr.context);
-	if (int err = ibv_cmd_dereg_mr(vmr))
+	if (int err = ibv_cmd_dereg_mr(vmr)) {
+		verbs_err(&ctx->ibv_ctx, "dereg_mr: the device refused lkey 0x%x: %s\n", mr.lkey, strerror(err));
 		return err;
+	}
 	if (vmr->access & IBV_ACCESS_LOCAL_WRITE)  // as ibv_cmd_reg_mr recorded it
 		ctx->local_mrs.remove(reinterpret_cast<uintptr_t>(mr.addr), mr.length);
 	delete vmr;
@@ -102,6 +138,36 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 }
 
 } // namespace
+
+// --- where CQ-ring payloads may go -----------------------------------------
+
+void xsrc_local_mrs::add(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	spans_.push_back({addr, addr + length});
+}
+
+void xsrc_local_mrs::remove(uint64_t addr, uint64_t length)
+{
+	std::unique_lock guard(lock_);
+	auto it = std::find_if(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start == addr && s.end == addr + length;
+	});
+	if (it != spans_.end())
+		spans_.erase(it);
+}
+
+bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
+{
+	if (length == 0)
+		return true;  // nothing is written
+	if (addr + length < addr)
+		return false;
+	std::shared_lock guard(lock_);
+	return std::any_of(spans_.begin(), spans_.end(), [&](const span &s) {
+		return s.start <= addr && addr + length <= s.end;
+	});
+}
 
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
 const verbs_context_ops xsrc_ctx_ops = {

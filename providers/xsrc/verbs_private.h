@@ -14,6 +14,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 
@@ -374,8 +375,6 @@ void *_verbs_init_and_alloc_context(ibv_device *device, int cmd_fd,
 				    uint32_t driver_id);
 void verbs_uninit_context(verbs_context *context);
 void verbs_set_ops(verbs_context *vctx, const verbs_context_ops *ops);
-void verbs_init_cq(ibv_cq *cq, ibv_context *context,
-		   ibv_comp_channel *channel, void *cq_context);
 
 int ibv_read_ibdev_sysfs_file(char *buf, size_t size,
 			      verbs_sysfs_dev *sysfs_dev, const char *fnfmt,
@@ -415,7 +414,6 @@ int ibv_cmd_destroy_cq(ibv_cq *cq);
 int ibv_cmd_resize_cq(ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd,
 		      size_t cmd_size, ib_uverbs_resize_cq_resp *resp,
 		      size_t resp_size);
-int ibv_cmd_req_notify_cq(ibv_cq *cq, int solicited_only);
 
 int ibv_cmd_create_qp_ex2(ibv_context *context, verbs_qp *qp,
 			  ibv_qp_init_attr_ex *qp_attr,
@@ -450,6 +448,11 @@ int ibv_cmd_create_ah(ibv_pd *pd, ibv_ah *ah, ibv_ah_attr *attr,
 		      ib_uverbs_create_ah_resp *resp, size_t resp_size);
 int ibv_cmd_destroy_ah(ibv_ah *ah);
 
+// libibverbs' log (VERBS_LOG_LEVEL, VERBS_LOG_FILE): a message at `level`
+// or below the one the user asked for goes to the file. Keeps errno.
+void __verbs_log(verbs_context *ctx, uint32_t level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 int ibv_cmd_open_xrcd(ibv_context *context, verbs_xrcd *xrcd, int vxrcd_size,
 		      ibv_xrcd_init_attr *attr, struct ibv_open_xrcd *cmd,
 		      size_t cmd_size, ib_uverbs_open_xrcd_resp *resp,
@@ -457,6 +460,39 @@ int ibv_cmd_open_xrcd(ibv_context *context, verbs_xrcd *xrcd, int vxrcd_size,
 int ibv_cmd_close_xrcd(verbs_xrcd *xrcd);
 
 } // extern "C"
+
+// --- logging: libibverbs' levels and the driver.h macros over __verbs_log --
+
+enum {
+	VERBS_LOG_LEVEL_NONE,
+	VERBS_LOG_ERR,
+	VERBS_LOG_WARN,
+	VERBS_LOG_INFO,
+	VERBS_LOG_DEBUG,
+};
+
+// "<device>: <function>:<line>: <message>", as rdma-core's providers log.
+// `vctx` is the verbs_context of the object the verb was called on.
+#define verbs_log(vctx, level, fmt, ...)                                            \
+	do {                                                                        \
+		int verbs_log_errno_ = errno;                                       \
+		__verbs_log(vctx, level, "%s: %s:%d: " fmt, (vctx)->context.device->name, \
+			    __func__, __LINE__ __VA_OPT__(, ) __VA_ARGS__);          \
+		errno = verbs_log_errno_;                                           \
+	} while (0)
+// Before a context exists: libibverbs 44's __verbs_log reads no more than
+// the level and the format.
+#define verbs_err_dev(ibdev, fmt, ...)                                              \
+	do {                                                                        \
+		int verbs_log_errno_ = errno;                                       \
+		__verbs_log(nullptr, VERBS_LOG_ERR, "%s: %s:%d: " fmt, (ibdev)->name, \
+			    __func__, __LINE__ __VA_OPT__(, ) __VA_ARGS__);          \
+		errno = verbs_log_errno_;                                           \
+	} while (0)
+#define verbs_err(vctx, fmt, ...) verbs_log(vctx, VERBS_LOG_ERR, fmt __VA_OPT__(, ) __VA_ARGS__)
+#define verbs_warn(vctx, fmt, ...) verbs_log(vctx, VERBS_LOG_WARN, fmt __VA_OPT__(, ) __VA_ARGS__)
+#define verbs_info(vctx, fmt, ...) verbs_log(vctx, VERBS_LOG_INFO, fmt __VA_OPT__(, ) __VA_ARGS__)
+#define verbs_debug(vctx, fmt, ...) verbs_log(vctx, VERBS_LOG_DEBUG, fmt __VA_OPT__(, ) __VA_ARGS__)
 
 // --- layout pins (x86_64, from rdma-core 44's driver.h and kern-abi.h) ---
 

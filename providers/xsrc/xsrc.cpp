@@ -45,9 +45,7 @@ int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
 	xsrc_channel_pool_resp resp{};
 	request cmd{};
 
-	cmd.hdr.command = XSRC_CMD_CHANNEL_POOL;
-	cmd.hdr.in_words = sizeof(cmd) / 4;
-	cmd.hdr.out_words = sizeof(resp) / 4;
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_CHANNEL_POOL, sizeof(cmd), sizeof(resp));
 	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
 	cmd.body.fds = fds;
 
@@ -60,7 +58,7 @@ int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
 	return 0;
 }
 
-xsrc_fd_pair fd_pair(const pipe_fds &pipe)
+xsrc_fd_pair pipe_fd_pair(const pipe_fds &pipe)
 {
 	return {static_cast<uint32_t>(pipe.rd.get()),
 		static_cast<uint32_t>(pipe.wr.get())};
@@ -104,7 +102,7 @@ void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now)
 		} catch (const std::bad_alloc &) {
 			return;
 		}
-		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, fd_pair(pipe),
+		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, pipe_fd_pair(pipe),
 				     free_count))
 			return;
 		fds.push_back(pipe.rd.release()); // the daemon took the write end
@@ -119,9 +117,12 @@ namespace {
 
 std::atomic<unsigned int> cmd_file_seq;
 
+// enum ibv_mtu n is 128 << n bytes.
+constexpr uint32_t kMtuUnitBytes = 128;
+
 // Creates this context's command file in the directory the daemon publishes
 // in sysfs. Returns the fd, or -1 with errno set.
-int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
+int context_open_cmd_file(verbs_sysfs_dev *sysfs_dev)
 {
 	char dir[PATH_MAX];
 	char path[PATH_MAX];
@@ -147,7 +148,7 @@ int open_cmd_file(verbs_sysfs_dev *sysfs_dev)
 
 // Maps the device's shared-memory arena, whose path the daemon publishes in
 // sysfs next to the command directory. Returns 0 or errno.
-int map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
+int context_map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
 {
 	char path[PATH_MAX];
 	int len = ibv_read_ibdev_sysfs_file(path, sizeof(path), sysfs_dev, "%s", XSRC_SYSFS_SHM_FILE);
@@ -155,8 +156,8 @@ int map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
 		return len == 0 ? ENOENT : errno;
 	while (len > 0 && path[len - 1] == '\n')
 		path[--len] = '\0';
-	unique_fd fd(open(path, O_RDWR | O_CLOEXEC));
-	if (fd.get() < 0)
+	xsrc::unique_fd fd(open(path, O_RDWR | O_CLOEXEC));
+	if (!fd)
 		return errno;
 	void *base = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
 	if (base == MAP_FAILED)
@@ -172,6 +173,18 @@ int map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
 	return 0;
 }
 
+// libibverbs callocs the context: its C++ members are made here, in place,
+// and context_deleter destroys them. Nothing here throws.
+void xsrc_context_construct(xsrc_context *ctx) noexcept
+{
+	std::construct_at(&ctx->channels);
+	std::construct_at(&ctx->arena);
+	std::construct_at(&ctx->denied);
+	std::construct_at(&ctx->local_mrs);
+	std::construct_at(&ctx->progress_lock);
+	std::construct_at(&ctx->progress);
+}
+
 // Undoes the allocation by libibverbs and the in-place construction.
 struct context_deleter {
 	void operator()(xsrc_context *ctx) const noexcept
@@ -181,8 +194,11 @@ struct context_deleter {
 		// The progress thread may still write to cmd_fd: stop it first.
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
+		std::destroy_at(&ctx->local_mrs);
 		if (ctx->arena.base)
 			munmap(ctx->arena.base, ctx->arena.size);
+		std::destroy_at(&ctx->denied);
+		std::destroy_at(&ctx->arena);
 		std::destroy_at(&ctx->channels);
 		verbs_uninit_context(&ctx->ibv_ctx); // closes cmd_fd, async_fd
 		free(ctx);
@@ -192,16 +208,22 @@ struct context_deleter {
 using context_ptr = std::unique_ptr<xsrc_context, context_deleter>;
 
 // Returns 0 or errno. Owns cmd_fd from the start: on failure it is closed.
-int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
+int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 {
-	unique_fd cmd_fd(cmd_fd_arg);
-	unique_fd cmd_file(open_cmd_file(to_xsrc_dev(ibdev)->sysfs_dev));
+	xsrc::unique_fd cmd_fd(cmd_fd_arg);
+	xsrc::unique_fd cmd_file(context_open_cmd_file(to_xsrc_dev(ibdev)->sysfs_dev));
 
-	if (cmd_file.get() < 0)
-		return errno;
+	if (!cmd_file) {
+		int err = errno;
+		verbs_err_dev(ibdev, "cannot create a command file: %s\n", strerror(err));
+		return err;
+	}
 	// Before the context exists: its ioctl probe must reach the daemon.
-	if (dup3(cmd_file.get(), cmd_fd.get(), O_CLOEXEC) < 0)
-		return errno;
+	if (dup3(cmd_file.get(), cmd_fd.get(), O_CLOEXEC) < 0) {
+		int err = errno;
+		verbs_err_dev(ibdev, "cannot put the command file on cmd_fd: %s\n", strerror(err));
+		return err;
+	}
 	cmd_file.reset();
 
 	// Takes cmd_fd, also when it fails.
@@ -211,21 +233,23 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	if (!mem)
 		return errno;
 	auto *raw = static_cast<xsrc_context *>(mem);
-	std::construct_at(&raw->channels);
-	std::construct_at(&raw->progress_lock);
-	std::construct_at(&raw->progress);
+	xsrc_context_construct(raw);
 	context_ptr ctx(raw);
+	verbs_context *vctx = &ctx->ibv_ctx;
 
 	pipe_fds async_pipe;
 	std::array<pipe_fds, XSRC_CHANNEL_POOL_TARGET> channel_pipes;
-	if (int err = xsrc_make_pipe(async_pipe))
+	int err = xsrc_make_pipe(async_pipe);
+	for (size_t i = 0; !err && i < channel_pipes.size(); ++i)
+		err = xsrc_make_pipe(channel_pipes[i]);
+	if (err) {
+		verbs_err(vctx, "cannot make the event pipes: %s\n", strerror(err));
 		return err;
-	for (pipe_fds &pipe : channel_pipes)
-		if (int err = xsrc_make_pipe(pipe))
-			return err;
+	}
 	try {
 		ctx->channels.read_fds.reserve(channel_pipes.size());
 	} catch (const std::bad_alloc &) {
+		verbs_err(vctx, "no memory for %zu channel fds\n", channel_pipes.size());
 		return ENOMEM;
 	}
 
@@ -233,15 +257,18 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	verbs_drv_buf<ib_uverbs_get_context_resp, xsrc_get_context_resp> resp;
 	xsrc_get_context_req &req = cmd.driver();
 	req.num_channel_fds = channel_pipes.size();
-	req.async_fds = fd_pair(async_pipe);
+	req.async_fds = pipe_fd_pair(async_pipe);
 	for (size_t i = 0; i < channel_pipes.size(); ++i)
-		req.channel_fds[i] = fd_pair(channel_pipes[i]);
+		req.channel_fds[i] = pipe_fd_pair(channel_pipes[i]);
 
-	if (int err = ibv_cmd_get_context(&ctx->ibv_ctx, cmd.core(), cmd.size,
-					  resp.core(), resp.size))
+	if ((err = ibv_cmd_get_context(&ctx->ibv_ctx, cmd.core(), cmd.size, resp.core(), resp.size))) {
+		verbs_err(vctx, "the device refused GET_CONTEXT: %s\n", strerror(err));
 		return err;
+	}
 	// libibverbs took async_fd from the response: it must be our pipe.
 	if (ctx->ibv_ctx.context.async_fd != async_pipe.rd.get()) {
+		verbs_err(vctx, "GET_CONTEXT answered async_fd %d, not our pipe %d\n",
+			  ctx->ibv_ctx.context.async_fd, async_pipe.rd.get());
 		ctx->ibv_ctx.context.async_fd = -1;
 		return EPROTO;
 	}
@@ -249,7 +276,6 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	// Our write ends close on return; the daemon has its own copies.
 	for (pipe_fds &pipe : channel_pipes)
 		ctx->channels.read_fds.push_back(pipe.rd.release());
-	ctx->context_id = resp.driver().context_id;
 	ctx->max_inline_data = resp.driver().max_inline_data;
 	ctx->pid = getpid();
 	ctx->direct = true;  // an r1 device: same PID namespace, as always
@@ -265,17 +291,37 @@ int create_context(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 		ctx->can_copy = dresp.caps & XSRC_CAP_COPY;
 	}
 #endif
-	if (int err = map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))
+	if ((err = context_map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))) {
+		verbs_err(vctx, "cannot map the device arena (%s %s): %s\n",
+			  XSRC_SYSFS_SHM_FILE, err == EPROTO ? "has another magic, version or size" : "failed",
+			  strerror(err));
 		return err;
+	}
 	ibv_port_attr port{};
 	struct ibv_query_port qcmd{};
-	if (int err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))
+	if ((err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))) {
+		verbs_err(vctx, "the device refused QUERY_PORT 1: %s\n", strerror(err));
 		return err;
-	ctx->port_mtu_bytes = 128u << port.active_mtu;
+	}
+	ctx->port_mtu_bytes = kMtuUnitBytes << port.active_mtu;
+	ctx->transport = &xsrc_shm_transport;
 
 	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
 	*out = ctx.release();
 	return 0;
+}
+
+// xsrc_boundary() before there is a context to log with.
+template <typename Body>
+int xsrc_boundary_dev(ibv_device *ibdev, Body &&body) noexcept
+{
+	try {
+		return body();
+	} catch (...) {
+		int err = xsrc_errno_of_current_exception();
+		verbs_err_dev(ibdev, "alloc_context: failed: %s\n", strerror(err));
+		return err;
+	}
 }
 
 verbs_context *xsrc_alloc_context(ibv_device *ibdev, int cmd_fd,
@@ -283,7 +329,7 @@ verbs_context *xsrc_alloc_context(ibv_device *ibdev, int cmd_fd,
 {
 	xsrc_context *ctx = nullptr;
 
-	if (int err = create_context(ibdev, cmd_fd, &ctx)) {
+	if (int err = xsrc_boundary_dev(ibdev, [&] { return context_create(ibdev, cmd_fd, &ctx); })) {
 		errno = err;
 		return nullptr;
 	}
@@ -298,6 +344,22 @@ void xsrc_free_context(ibv_context *ibctx)
 
 	channel_pool_drain(ctx);
 	context_deleter{}(ctx);
+}
+
+void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept
+{
+	struct {
+		ib_uverbs_cmd_hdr hdr;
+		xsrc_raise_event body;
+	} cmd{};
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_RAISE_EVENT, sizeof(cmd), 0);
+	cmd.body.kind = kind;
+	cmd.body.object = object;
+	int saved = errno;
+	if (write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd)) < 0) {
+		// The daemon is gone or refused: nothing more a data path can do.
+	}
+	errno = saved;
 }
 
 // --- the device ------------------------------------------------------------

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
-// The xsrc provider's objects, shared by xsrc.cpp (device and context
-// lifetime, channel pool) and verbs.cpp (the verbs and the ops table).
+// The xsrc provider's objects and the functions its files call in one
+// another: xsrc.cpp (device and context lifetime, channel pool), verbs.cpp
+// (the ops table, PDs, MRs), cq.cpp, qp.cpp, qp_wr.cpp, srq.cpp, xrc.cpp,
+// ah.cpp; the data path behind transport.h.
 #pragma once
 
 #include "verbs_private.h"
@@ -12,50 +14,24 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
-#include <array>
-#include <deque>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
+#include <system_error>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
+#include "common/fd.h"
+#include "common/ids.h"
 #include "queues.h"
-
-// Owns one file descriptor.
-class unique_fd {
-public:
-	unique_fd() = default;
-	explicit unique_fd(int fd) noexcept : fd_(fd) {}
-	unique_fd(unique_fd &&other) noexcept : fd_(other.release()) {}
-	unique_fd &operator=(unique_fd &&other) noexcept
-	{
-		reset(other.release());
-		return *this;
-	}
-	~unique_fd() { reset(); }
-
-	int get() const noexcept { return fd_; }
-	int release() noexcept { return std::exchange(fd_, -1); }
-	void reset(int fd = -1) noexcept
-	{
-		if (fd_ >= 0) {
-			int saved = errno; // errors are reported after cleanup
-			close(fd_);
-			errno = saved;
-		}
-		fd_ = fd;
-	}
-
-private:
-	int fd_ = -1;
-};
+#include "send_queue.h"
+#include "transport.h"
 
 struct pipe_fds {
-	unique_fd rd;
-	unique_fd wr;
+	xsrc::unique_fd rd;
+	xsrc::unique_fd wr;
 };
 
 // Returns 0 or errno.
@@ -88,6 +64,7 @@ class Progress;
 // inside one of them.
 class xsrc_local_mrs {
 public:
+	// Throws std::bad_alloc (reg_mr catches it).
 	void add(uint64_t addr, uint64_t length);
 	void remove(uint64_t addr, uint64_t length);
 	bool covers(uint64_t addr, uint64_t length) const;
@@ -100,10 +77,13 @@ private:
 	std::vector<span> spans_; // few per context
 };
 
+// libibverbs callocs the whole struct: every member after ibv_ctx that has a
+// constructor is constructed in place when the context is made and destroyed
+// with it (xsrc.cpp: xsrc_context_construct, context_deleter); the scalars
+// start zeroed.
 struct xsrc_context {
-	verbs_context ibv_ctx; // libibverbs callocs the whole struct
-	xsrc_comp_channels channels; // so this is constructed in place
-	uint64_t context_id;
+	verbs_context ibv_ctx;
+	xsrc_comp_channels channels;
 	uint32_t max_inline_data;
 	xsrc::Arena arena;           // the device's shared memory
 	pid_t pid;                   // ours as the device sees it: owner_pid of our QPs and MRs
@@ -112,8 +92,9 @@ struct xsrc_context {
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
+	const xsrc_transport *transport; // the engine that carries our QPs' messages
 	std::mutex progress_lock;
-	std::unique_ptr<xsrc::Progress> progress; // started on first need
+	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 };
 
 struct xsrc_cq {
@@ -127,7 +108,7 @@ struct xsrc_cq {
 struct xsrc_srq {
 	verbs_srq vsrq;
 	xsrc_recv_ring *ring;
-	uint32_t srqn;
+	xsrc::Srqn srqn;
 	uint32_t max_sge;
 	std::mutex post_lock;        // the receive ring has one producer
 };
@@ -138,55 +119,9 @@ struct xsrc_ah {
 	ibv_gid sgid;                // the GID at attr.grh.sgid_index
 };
 
-// A WQE's gather list: a few entries inline (no allocation on the fast
-// path), more on the heap.
-class xsrc_sge_list {
-public:
-	void assign(const ibv_sge *first, const ibv_sge *last)
-	{
-		size_t n = static_cast<size_t>(last - first);
-		if (n <= small_.size()) {
-			std::copy(first, last, small_.begin());
-			big_.clear();
-		} else {
-			big_.assign(first, last);
-		}
-		size_ = n;
-	}
-	size_t size() const { return size_; }
-	const ibv_sge *begin() const { return size_ <= small_.size() ? small_.data() : big_.data(); }
-	const ibv_sge *end() const { return begin() + size_; }
-
-private:
-	std::array<ibv_sge, 4> small_{};
-	std::vector<ibv_sge> big_;
-	size_t size_ = 0;
-};
-
-// A send work request as the device keeps it until it has executed it.
-struct xsrc_send_wqe {
-	uint64_t wr_id = 0;
-	ibv_wr_opcode opcode = IBV_WR_SEND;
-	unsigned int flags = 0;          // IBV_SEND_*
-	uint32_t imm_data = 0;           // network order
-	xsrc_sge_list sge;
-	std::vector<unsigned char> inline_data; // IBV_SEND_INLINE: copied at post
-	uint64_t remote_addr = 0;
-	uint32_t rkey = 0;
-	uint64_t compare_add = 0;
-	uint64_t swap = 0;
-	xsrc_ah *ah = nullptr;           // UD
-	uint32_t remote_qpn = 0;
-	uint32_t remote_qkey = 0;
-	uint32_t remote_srqn = 0;        // XRC
-	// Retry state while the responder cannot take it (RNR, unreachable).
-	int rnr_retries_left = -1;
-	int retries_left = -1;
-};
-
 struct xsrc_qp {
 	verbs_qp vqp;
-	uint32_t qpn;
+	xsrc::Qpn qpn;
 	xsrc_qp_entry *entry;        // in the arena: state, attributes
 	xsrc_recv_ring *rq;          // null with an SRQ
 	xsrc_cq *send_cq;
@@ -198,10 +133,23 @@ struct xsrc_qp {
 
 	std::mutex rq_lock;              // the receive ring has one producer
 	std::mutex sq_lock;              // post_send, the progress thread
-	std::deque<xsrc_send_wqe> sq;    // posted, not yet executed (blocked)
+	xsrc_send_queue sq;              // posted, not yet executed (blocked)
 	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
-	std::vector<xsrc_send_wqe> staged; // ibv_wr_* between wr_start and wr_complete
+
+	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
+	// max_send_wr + 1 staged WQEs (one more always fails), then a scratch
+	// slot that takes what no one will read.
+	xsrc_wqe_slots staged;
+	size_t staged_count = 0;
+	xsrc_send_wqe *wr_current = nullptr; // what wr_set_* fill
 	int staged_error = 0;
+
+	// Owned by xsrc::Progress under its lock: no allocation to schedule.
+	struct {
+		xsrc_qp *next = nullptr;
+		uint64_t at_ns = 0;
+		bool queued = false;
+	} progress_link;
 };
 
 // The casts below rely on these.
@@ -266,7 +214,7 @@ ibv_cq *xsrc_create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, i
 ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr);
 int xsrc_destroy_cq(ibv_cq *cq);
 int xsrc_resize_cq(ibv_cq *cq, int cqe);
-int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc);
+int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc) noexcept;
 int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only);
 void xsrc_cq_event(ibv_cq *cq);
 
@@ -276,8 +224,8 @@ ibv_qp *xsrc_create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *attr);
 int xsrc_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
 int xsrc_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
 int xsrc_destroy_qp(ibv_qp *qp);
-int xsrc_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
-int xsrc_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int xsrc_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) noexcept;
+int xsrc_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept;
 
 // srq.cpp
 ibv_srq *xsrc_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr);
@@ -285,7 +233,7 @@ ibv_srq *xsrc_create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr);
 int xsrc_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int attr_mask);
 int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr);
 int xsrc_destroy_srq(ibv_srq *srq);
-int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr);
+int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept;
 int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
 
 // xrc.cpp
@@ -307,21 +255,84 @@ inline bool xsrc_recv_post(xsrc_recv_ring *ring, const ibv_recv_wr *wr)
 	return xsrc::recv_push(ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge));
 }
 
-// transport.cpp: the device's engine.
-// Queues (or executes) one send WQE on a QP whose sq_lock the caller holds.
-void xsrc_sq_post(xsrc_qp *qp, xsrc_send_wqe &&wqe);
-// Executes the blocked WQEs at the head of qp->sq whose time has come.
-// Returns the time of the next retry (0 when the queue drained).
-uint64_t xsrc_sq_progress(xsrc_qp *qp);
-// Completes every queued WQE with IBV_WC_WR_FLUSH_ERR and drains the RQ.
-void xsrc_qp_flush(xsrc_qp *qp);
-// A completion for a CQ: pushes it and raises the event / overrun.
+// cq.cpp: a completion for a CQ (ring_off 0: computed): pushes it and
+// raises the event / overrun.
 void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
-		      xsrc::CqPayload payload = {});
-// XSRC_CMD_RAISE_EVENT through our command file.
-void xsrc_raise(xsrc_context *ctx, uint32_t kind, uint64_t object);
-uint64_t xsrc_now_ns();
+		      xsrc::CqPayload payload = {}) noexcept;
 
-// progress.cpp: wakes the progress thread for a QP with blocked work.
-void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns);
-void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp);
+inline xsrc_cqe xsrc_make_cqe(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, xsrc::Qpn qpn)
+{
+	xsrc_cqe c{};
+	c.wr_id = wr_id;
+	c.status = status;
+	c.opcode = opcode;
+	c.qp_num = qpn.value();
+	return c;
+}
+
+// The header of a private command written to cmd_fd: sizes in the uverbs
+// write ABI's 4-byte words.
+inline void xsrc_cmd_header(ib_uverbs_cmd_hdr &hdr, uint32_t command, size_t in_bytes, size_t out_bytes)
+{
+	constexpr size_t kWordBytes = 4;
+	hdr.command = command;
+	hdr.in_words = static_cast<__u16>(in_bytes / kWordBytes);
+	hdr.out_words = static_cast<__u16>(out_bytes / kWordBytes);
+}
+
+// xsrc.cpp: XSRC_CMD_RAISE_EVENT through our command file (best effort).
+void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept;
+
+// progress.cpp: the thread that retries blocked work. prepare() before a
+// QP may need it (returns 0 or errno); schedule() neither allocates nor
+// throws (the thread starts on the first one).
+int xsrc_progress_prepare(xsrc_context *ctx) noexcept;
+void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept;
+void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept;
+
+// qp_wr.cpp: the ibv_qp_ex work-request builder.
+void xsrc_qp_wr_set_ops(ibv_qp_ex &q);
+// qp.cpp: what a HCA checks when a WQE is posted. Returns 0 or an errno
+// (logged at debug level).
+int xsrc_qp_validate_wqe(xsrc_qp *qp, const xsrc_send_wqe &wqe);
+bool xsrc_qp_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op);
+// qp.cpp: allocates what posting to `qp` (its caps set) will need, so that
+// posting never does; `builder`: also the ibv_wr_* staging. 0 or errno.
+int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder);
+
+// The errno an exception caught at the C boundary stands for.
+inline int xsrc_errno_of_current_exception() noexcept
+{
+	try {
+		throw;
+	} catch (const std::bad_alloc &) {
+		return ENOMEM;
+	} catch (const std::system_error &e) {
+		const std::error_category &cat = e.code().category();
+		bool is_errno = cat == std::generic_category() || cat == std::system_category();
+		return is_errno && e.code().value() > 0 ? e.code().value() : EIO;
+	} catch (...) {
+		return EIO;
+	}
+}
+
+// Runs the body of an op libibverbs calls: no exception crosses its C ABI.
+// One that escapes the body is logged and becomes an errno, returned as
+// the op returns errors (an int errno, or NULL with errno set).
+template <typename Body>
+auto xsrc_boundary(verbs_context *vctx, const char *op, Body &&body) noexcept -> decltype(body())
+{
+	using R = decltype(body());
+	try {
+		return body();
+	} catch (...) {
+		int err = xsrc_errno_of_current_exception();
+		verbs_err(vctx, "%s: failed: %s\n", op, strerror(err));
+		if constexpr (std::is_pointer_v<R>) {
+			errno = err;
+			return nullptr;
+		} else {
+			return err;
+		}
+	}
+}

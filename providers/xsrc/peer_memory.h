@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The shared-memory engine's access to a peer's memory: the MR table checks
+// (keys, PDs, ranges, access), the byte moves (process_vm_* ourselves, or
+// XSRC_CMD_COPY through the device) and the device-wide atomics lock.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "queues.h"
+
+struct xsrc_context;
+struct xsrc_qp;
+struct xsrc_send_wqe;
+
+// --- the MR table ----------------------------------------------------------
+
+// The MR table entry `key` names, if it is live.
+const xsrc_mr_entry *xsrc_peer_live_mr(const xsrc::Arena &arena, xsrc::Lkey key);
+const xsrc_mr_entry *xsrc_peer_live_mr(const xsrc::Arena &arena, xsrc::Rkey key);
+
+// Translates [addr, addr+len) of the MR's address space into the owner's
+// virtual addresses, checking the owner, PD, range and access.
+bool xsrc_peer_mr_range(const xsrc_mr_entry *mr, uint32_t owner_pid, xsrc::PdId pd, uint64_t addr,
+			uint64_t len, uint32_t access, uint64_t &va);
+
+// The local side of a WQE as iovecs in our own memory.
+struct xsrc_local_buffers {
+	std::array<iovec, XSRC_MAX_RECV_SGE> iov;
+	size_t count = 0;
+	uint64_t total = 0;
+};
+
+// False when an lkey does not allow it (IBV_WC_LOC_PROT_ERR).
+bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe, bool write,
+			     xsrc_local_buffers &out);
+
+// --- moving bytes ----------------------------------------------------------
+
+// How the bytes reach a peer's memory: ourselves (the fast path: same PID
+// namespace and allowed to), through the device (XSRC_CMD_COPY), or not at
+// all (an r1 device and a peer we may not touch: the peer is unreachable).
+enum class xsrc_peer_path { direct, device, none };
+
+xsrc_peer_path xsrc_peer_path_to(const xsrc_context *ctx, uint32_t pid);
+// A direct attempt was refused (EPERM): remember the peer, go on the slow path.
+xsrc_peer_path xsrc_peer_refused(xsrc_context *ctx, uint32_t pid);
+
+// Copies local iovecs into the peer's memory, or from it. Returns 0, or
+// ESRCH when the peer's process is gone (its QP is unreachable, not in
+// error), EPERM when we may not touch it (another user), or EFAULT.
+int xsrc_peer_write(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
+		    uint64_t total);
+int xsrc_peer_read(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote, size_t nremote,
+		   uint64_t total);
+
+// One XSRC_CMD_COPY: the device moves the bytes, checking the key on its
+// own records.
+struct xsrc_peer_copy {
+	enum class op { write, read, fetch_add, cmp_swap };
+	enum class key_kind { rkey, lkey };
+	op what = op::write;
+	key_kind kind = key_kind::rkey;
+	uint32_t key = 0;
+	xsrc::Qpn peer_qpn;
+	xsrc::Srqn peer_srqn;
+	uint64_t peer_addr = 0;
+	uint64_t compare_add = 0;
+	uint64_t swap = 0;
+};
+
+// Returns 0, a status of xsrc_copy_resp (EACCES, ESRCH, EFAULT), or EAGAIN
+// when the command itself failed (the device was busy or refused, or this
+// is an r1 build): the peer counts as unreachable.
+int xsrc_peer_device_copy(xsrc_context *ctx, xsrc_qp *qp, const xsrc_peer_copy &copy, const iovec *local,
+			  size_t nlocal, uint64_t length) noexcept;
+
+// The part of `src` that covers bytes [from, from + len); `out` has room
+// for nsrc entries.
+size_t xsrc_peer_iov_slice(const iovec *src, size_t nsrc, uint64_t from, uint64_t len, iovec *out);
+
+// The device-wide lock that makes atomics atomic with respect to each other
+// (IBV_ATOMIC_HCA). A holder that died is detected and its lock taken over.
+class xsrc_peer_atomic_lock {
+public:
+	xsrc_peer_atomic_lock(const xsrc::Arena &arena, uint32_t pid, uint64_t va, uint32_t me);
+	~xsrc_peer_atomic_lock();
+	xsrc_peer_atomic_lock(const xsrc_peer_atomic_lock &) = delete;
+	xsrc_peer_atomic_lock &operator=(const xsrc_peer_atomic_lock &) = delete;
+
+private:
+	uint32_t *word_;
+	uint32_t me_;
+};

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The requester: a QP's send queue in order, whatever engine carries its
+// messages (transport.h). Executes a posted WQE at once when nothing is
+// blocked ahead of it, else queues it; times RNR and ACK-timeout retries
+// (IBTA 9.7.5, 9.7.6); writes the sender's completions; flushes on error.
+#include "xsrc.h"
+
+#include <time.h>
+
+namespace {
+
+using Result = xsrc_attempt_result;
+
+// rnr_retry 7 means "retry forever" (IBTA 9.7.5.2.8).
+constexpr int kRnrRetryForever = 7;
+
+// Local ACK timeout: 4.096 us * 2^timeout. 0 means "wait forever" in the
+// spec, which for an unreachable peer we cap at a second per try (as for
+// exponents past kAckTimeoutMaxExp).
+constexpr uint64_t kAckTimeoutUnitNs = 4096;
+constexpr uint8_t kAckTimeoutMaxExp = 20;
+constexpr uint64_t kAckTimeoutCapNs = 1000000000ull;
+constexpr uint64_t kNsPerUs = 1000, kNsPerSec = 1000000000ull;
+
+ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_WC_RDMA_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return IBV_WC_COMP_SWAP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return IBV_WC_FETCH_ADD;
+	default:
+		return IBV_WC_SEND;
+	}
+}
+
+void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, ibv_wc_status status,
+			uint32_t byte_len)
+{
+	bool signaled = qp->sq_sig_all || (wqe.flags & IBV_SEND_SIGNALED);
+	if (status == IBV_WC_SUCCESS && !signaled)
+		return;
+	xsrc_cqe c = xsrc_make_cqe(wqe.wr_id, status, requester_wc_opcode(wqe.opcode), qp->qpn);
+	c.byte_len = byte_len;
+	xsrc_cq_complete(ctx, qp->send_cq->ring, 0, c);
+}
+
+// IBTA RNR timer encoding (0 = 655.36 ms), in nanoseconds.
+uint64_t requester_rnr_delay_ns(uint8_t code)
+{
+	static constexpr uint32_t us[32] = {655360, 10,   20,   30,   40,   60,    80,    120,
+					    160,    240,  320,  480,  640,  960,  1280,  1920,
+					    2560,   3840, 5120, 7680, 10240, 15360, 20480, 30720,
+					    40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+	return uint64_t(us[code % std::size(us)]) * kNsPerUs;
+}
+
+uint64_t requester_ack_timeout_ns(uint8_t timeout)
+{
+	if (timeout == 0 || timeout > kAckTimeoutMaxExp)
+		return kAckTimeoutCapNs;
+	return kAckTimeoutUnitNs << timeout;
+}
+
+// The head WQE ends with `status`: the QP goes to error, the rest is flushed.
+void requester_fail_head(xsrc_context *ctx, xsrc_qp *qp, ibv_wc_status status)
+{
+	requester_complete(ctx, qp, qp->sq.front(), status, 0);
+	qp->sq.pop_front();
+	xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
+	xsrc_requester_flush(qp);
+}
+
+// Acts on the outcome of an attempt at the head WQE: completes it, or
+// arms its retry. True when it finished (done or failed).
+bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t now)
+{
+	xsrc_send_wqe &wqe = qp->sq.front();
+	switch (res.attempt) {
+	case xsrc_attempt::done:
+		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
+		qp->sq.pop_front();
+		return true;
+	case xsrc_attempt::failed:
+		requester_fail_head(ctx, qp, res.status);
+		return true;
+	case xsrc_attempt::rnr:
+		if (wqe.rnr_retries_left == xsrc_send_wqe::kNotRetried)
+			wqe.rnr_retries_left = qp->entry->rnr_retry;
+		if (wqe.rnr_retries_left != kRnrRetryForever && wqe.rnr_retries_left-- == 0) {
+			requester_fail_head(ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR);
+			return true;
+		}
+		qp->retry_at_ns = now + requester_rnr_delay_ns(res.min_rnr_timer);
+		return false;
+	case xsrc_attempt::unreachable:
+		if (wqe.retries_left == xsrc_send_wqe::kNotRetried)
+			wqe.retries_left = qp->entry->retry_cnt;
+		if (wqe.retries_left-- == 0) {
+			requester_fail_head(ctx, qp, IBV_WC_RETRY_EXC_ERR);
+			return true;
+		}
+		qp->retry_at_ns = now + requester_ack_timeout_ns(qp->entry->timeout);
+		return false;
+	}
+	return true;
+}
+
+}  // namespace
+
+uint64_t xsrc_requester_now_ns() noexcept
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return uint64_t(ts.tv_sec) * kNsPerSec + uint64_t(ts.tv_nsec);
+}
+
+void xsrc_requester_post(xsrc_qp *qp) noexcept
+{
+	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	xsrc_send_wqe &wqe = qp->sq.next();
+	if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
+		requester_complete(ctx, qp, wqe, IBV_WC_WR_FLUSH_ERR, 0);
+		return;
+	}
+	if (!qp->sq.empty()) {
+		qp->sq.push_next();  // blocked work ahead of it keeps the order
+		return;
+	}
+	// The fast path: nothing queued, try it now without queueing it.
+	Result res = ctx->transport->execute(ctx, qp, wqe);
+	if (res.attempt == xsrc_attempt::done) {
+		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
+		return;
+	}
+	qp->sq.push_next();
+	if (!requester_settle_head(ctx, qp, res, xsrc_requester_now_ns()))
+		xsrc_progress_schedule(ctx, qp, qp->retry_at_ns);
+	else if (uint64_t next = xsrc_requester_progress(qp))
+		xsrc_progress_schedule(ctx, qp, next);
+}
+
+uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
+{
+	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	uint64_t now = 0;
+	while (!qp->sq.empty()) {
+		if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
+			xsrc_requester_flush(qp);
+			return 0;
+		}
+		if (qp->retry_at_ns) {
+			now = now ? now : xsrc_requester_now_ns();
+			if (now < qp->retry_at_ns)
+				return qp->retry_at_ns;
+			qp->retry_at_ns = 0;
+		}
+		Result res = ctx->transport->execute(ctx, qp, qp->sq.front());
+		if (!requester_settle_head(ctx, qp, res, now ? now : xsrc_requester_now_ns()))
+			return qp->retry_at_ns;
+	}
+	return 0;
+}
+
+void xsrc_requester_flush(xsrc_qp *qp) noexcept
+{
+	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	while (!qp->sq.empty()) {
+		requester_complete(ctx, qp, qp->sq.front(), IBV_WC_WR_FLUSH_ERR, 0);
+		qp->sq.pop_front();
+	}
+	qp->retry_at_ns = 0;
+	if (qp->rq && qp->recv_cq) {
+		xsrc::RecvWqe rwqe;
+		while (xsrc::recv_pop(qp->rq, rwqe))
+			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0,
+					 xsrc_make_cqe(rwqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
+	}
+}

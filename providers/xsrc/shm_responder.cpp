@@ -1,0 +1,510 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The shared-memory engine (xsrc_shm_transport), run by the initiator as a
+// NIC would: finds the responder's queue in the arena, checks every key
+// against the MR table, moves the bytes (peer_memory.cpp: one process_vm_*
+// copy, no responder CPU) and writes the responder's completions. The
+// responder's side of the protocol — receive consumed, RNR, NAKs and the
+// errors they put its QP in — is modelled here.
+#include "xsrc.h"
+
+#include <endian.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+
+#include "peer_memory.h"
+
+namespace {
+
+using xsrc::atomic;
+using Result = xsrc_attempt_result;
+
+constexpr uint32_t kGrhBytes = 40;
+// The GRH a UD receive carries: IPv6 version, UDP (as RoCE v2 carries it).
+constexpr uint32_t kGrhIpVersion6 = 6u << 28;
+constexpr uint8_t kGrhNextHdrUdp = 0x11;
+constexpr uint8_t kGrhHopLimit = 64;
+constexpr uint32_t kUdpHeaderBytes = 8;
+// A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
+constexpr uint32_t kQkeyUseQps = 0x80000000u;
+// Atomics operate on one aligned 64-bit word.
+constexpr uint64_t kAtomicBytes = 8;
+
+// The responder side of a QP-addressed message: which queue it lands on.
+struct Responder {
+	xsrc_qp_entry *qp = nullptr;
+	xsrc_recv_ring *rq = nullptr;      // the QP's RQ or its SRQ
+	xsrc_srq_entry *srq = nullptr;
+	uint64_t cq_off = 0;
+	xsrc::PdId pd_id;                  // of the receive buffers
+	xsrc::PdId rkey_pd_id;             // of MRs its rkeys may name
+	uint32_t owner_pid = 0;            // whose memory the bytes land in
+
+	xsrc::Qpn qpn() const { return xsrc::Qpn(qp->qpn); }
+};
+
+// The SRQ an XRC message names (XRCETH): live, XRC, and of the receive QP's
+// domain — otherwise the responder answers "invalid request".
+bool responder_use_xrc_srq(xsrc_context *ctx, xsrc::Srqn srqn, Responder &r)
+{
+	r.srq = ctx->arena.srq(srqn);
+	if (!r.srq || atomic(r.srq->srqn).load(std::memory_order_acquire) != srqn.value() ||
+	    r.srq->srq_type != IBV_SRQT_XRC || r.srq->xrcd_id == 0 || r.srq->xrcd_id != r.qp->xrcd_id)
+		return false;
+	r.rq = ctx->arena.at<xsrc_recv_ring>(r.srq->ring_off);
+	r.cq_off = r.srq->cq_off;
+	r.pd_id = r.rkey_pd_id = xsrc::PdId(r.srq->pd_id);
+	r.owner_pid = r.srq->owner_pid;
+	return r.rq != nullptr;
+}
+
+bool reliable(ibv_qp_type type)
+{
+	return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+}
+
+// The responder QP type a requester of `type` talks to.
+uint8_t peer_type(ibv_qp_type type)
+{
+	return type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : type;
+}
+
+bool responder_find(xsrc_context *ctx, xsrc::Qpn qpn, Responder &r)
+{
+	r.qp = ctx->arena.qp(qpn);
+	if (!r.qp || r.qp->qpn != qpn.value() || xsrc::qp_state_load(*r.qp) == IBV_QPS_UNKNOWN)
+		return false;
+	r.pd_id = r.rkey_pd_id = xsrc::PdId(r.qp->pd_id);
+	r.owner_pid = r.qp->owner_pid;
+	r.cq_off = r.qp->recv_cq_off;
+	if (r.qp->srqn) {
+		r.srq = ctx->arena.srq(xsrc::Srqn(r.qp->srqn));
+		if (!r.srq || atomic(r.srq->srqn).load(std::memory_order_acquire) != r.qp->srqn)
+			return false;
+		r.rq = ctx->arena.at<xsrc_recv_ring>(r.srq->ring_off);
+		r.pd_id = xsrc::PdId(r.srq->pd_id);
+	} else {
+		r.rq = ctx->arena.at<xsrc_recv_ring>(r.qp->rq_off);
+	}
+	return true;
+}
+
+bool can_receive(ibv_qp_state state)
+{
+	return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD;
+}
+
+void responder_complete(xsrc_context *ctx, const Responder &r, const xsrc_cqe &cqe,
+			xsrc::CqPayload payload = {})
+{
+	if (auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off))
+		xsrc_cq_complete(ctx, ring, r.cq_off, cqe, payload);
+}
+
+// After a receive WQE was consumed from an SRQ: raise the limit event once.
+void responder_check_srq_limit(xsrc_context *ctx, Responder &r)
+{
+	if (!r.srq)
+		return;
+	auto limit = atomic(r.rq->srq_limit);
+	uint32_t armed = limit.load(std::memory_order_acquire);
+	if (armed && xsrc::recv_count(r.rq) < armed &&
+	    limit.compare_exchange_strong(armed, 0, std::memory_order_acq_rel))
+		xsrc_context_raise_event(ctx, XSRC_EVENT_SRQ_LIMIT, r.srq->srqn);
+}
+
+// Flushes the receives of a responder QP gone to error (an SRQ's stay
+// posted: it is shared).
+void responder_flush_receives(xsrc_context *ctx, Responder &r)
+{
+	xsrc::RecvWqe rest;
+	while (!r.srq && r.rq && xsrc::recv_pop(r.rq, rest))
+		responder_complete(ctx, r, xsrc_make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qpn()));
+}
+
+// The responder found a receive it cannot use: its QP goes to error, the
+// receive completes in error, and the rest of its RQ is flushed.
+void responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe, ibv_wc_status status)
+{
+	xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+	responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, status, IBV_WC_RECV, r.qpn()));
+	responder_flush_receives(ctx, r);
+}
+
+// An RC/XRC remote access violation (IBTA class C): the responder NAKs, its
+// QP goes to error and its own receives are flushed; the requester gets
+// IBV_WC_REM_ACCESS_ERR. (An SRQ's receives stay posted: it is shared.)
+Result responder_access_error(xsrc_context *ctx, Responder &r)
+{
+	if (r.qp->qp_type == IBV_QPT_RC || r.qp->qp_type == IBV_QPT_XRC_RECV) {
+		xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+		responder_flush_receives(ctx, r);
+	}
+	return Result::failed(IBV_WC_REM_ACCESS_ERR);
+}
+
+// A receive must be there for the message: RNR on a reliable QP, else dropped.
+Result responder_no_receive(const xsrc_qp *qp, const Responder &r)
+{
+	return reliable(qp->type) ? Result::rnr(r.qp->min_rnr_timer) : Result::dropped();
+}
+
+bool responder_has_receive(const Responder &r)
+{
+	return r.rq && xsrc::recv_count(r.rq) != 0;
+}
+
+// The responder's receive buffers for `len` bytes, or a status explaining why
+// they cannot take them.
+ibv_wc_status responder_scatter(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe, const Responder &r,
+				uint64_t len, std::array<iovec, XSRC_MAX_RECV_SGE> &iov, size_t &count)
+{
+	uint64_t capacity = 0;
+	count = 0;
+	for (uint32_t i = 0; i < rwqe.num_sge && capacity < len; ++i) {
+		const xsrc_sge &sge = rwqe.sge[i];
+		if (sge.length == 0)
+			continue;
+		uint64_t take = std::min<uint64_t>(sge.length, len - capacity);
+		uint64_t va;
+		if (!xsrc_peer_mr_range(xsrc_peer_live_mr(arena, xsrc::Lkey(sge.lkey)), r.owner_pid, r.pd_id,
+					sge.addr, take, IBV_ACCESS_LOCAL_WRITE, va))
+			return IBV_WC_LOC_PROT_ERR;
+		iov[count++] = {reinterpret_cast<void *>(va), take};
+		capacity += take;
+	}
+	return capacity < len ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+
+// A copy through the device addressed to this responder.
+xsrc_peer_copy responder_copy(const xsrc_qp *qp, const Responder &r)
+{
+	xsrc_peer_copy c;
+	c.peer_qpn = r.qpn();
+	// The SRQ an XRC message names, for the device's PD check.
+	if (qp->type == IBV_QPT_XRC_SEND && r.srq)
+		c.peer_srqn = xsrc::Srqn(r.srq->srqn);
+	return c;
+}
+
+// A SEND's payload into the receive buffers of `rwqe`, through the device:
+// one XSRC_CMD_COPY per receive buffer, each checked against its lkey.
+// Returns 0 or what xsrc_peer_device_copy() answered.
+int responder_deliver_by_device(xsrc_context *ctx, xsrc_qp *qp, const Responder &r, const xsrc::RecvWqe &rwqe,
+				const iovec *src, size_t nsrc, uint64_t len)
+{
+	uint64_t done = 0;
+	for (uint32_t i = 0; i < rwqe.num_sge && done < len; ++i) {
+		const xsrc_sge &sge = rwqe.sge[i];
+		if (sge.length == 0)
+			continue;
+		uint64_t take = std::min<uint64_t>(sge.length, len - done);
+		std::array<iovec, XSRC_MAX_RECV_SGE + 1> piece;
+		size_t n = xsrc_peer_iov_slice(src, nsrc, done, take, piece.data());
+		xsrc_peer_copy c = responder_copy(qp, r);
+		c.what = xsrc_peer_copy::op::write;
+		c.kind = xsrc_peer_copy::key_kind::lkey;
+		c.key = sge.lkey;
+		c.peer_addr = sge.addr;
+		if (int err = xsrc_peer_device_copy(ctx, qp, c, piece.data(), n, take))
+			return err;
+		done += take;
+	}
+	return 0;
+}
+
+// The GRH a UD receive gets in front of the payload.
+ibv_grh responder_ud_grh(const xsrc_send_wqe &wqe, uint64_t payload_len)
+{
+	ibv_grh grh{};
+	grh.version_tclass_flow = htobe32(kGrhIpVersion6);
+	grh.paylen = htobe16(static_cast<uint16_t>(payload_len + kUdpHeaderBytes));
+	grh.next_hdr = kGrhNextHdrUdp;
+	grh.hop_limit = kGrhHopLimit;
+	if (wqe.ah) {
+		grh.sgid = wqe.ah->sgid;
+		grh.dgid = wqe.ah->attr.grh.dgid;
+	}
+	return grh;
+}
+
+// SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
+// receive is consumed and completed; for a SEND the payload moves into its
+// buffers.
+Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r,
+			 const xsrc_local_buffers &local, bool ud)
+{
+	xsrc::RecvWqe rwqe;
+	if (!r.rq || !xsrc::recv_pop(r.rq, rwqe))
+		return responder_no_receive(qp, r);
+	responder_check_srq_limit(ctx, r);
+
+	bool is_write_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+	uint64_t len = local.total + (ud ? kGrhBytes : 0);
+	xsrc_cqe c = xsrc_make_cqe(rwqe.wr_id, IBV_WC_SUCCESS,
+				   is_write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV, r.qpn());
+	c.src_qp = qp->qpn.value();
+	c.byte_len = static_cast<uint32_t>(is_write_imm ? local.total : len);
+	if (wqe.opcode == IBV_WR_SEND_WITH_IMM || is_write_imm) {
+		c.imm_data = wqe.imm_data;
+		c.wc_flags |= IBV_WC_WITH_IMM;
+	}
+	if (wqe.flags & IBV_SEND_SOLICITED)
+		c.flags |= XSRC_CQE_SOLICITED;
+
+	if (!is_write_imm) {
+		std::array<iovec, XSRC_MAX_RECV_SGE> remote;
+		size_t nremote;
+		ibv_wc_status st = responder_scatter(ctx->arena, rwqe, r, len, remote, nremote);
+		if (st != IBV_WC_SUCCESS) {
+			if (ud) {  // UD has no responder errors towards the sender
+				responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, st, IBV_WC_RECV, r.qpn()));
+				return Result::dropped();
+			}
+			responder_error(ctx, r, rwqe, st);
+			return Result::failed(st == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+		}
+		std::array<iovec, XSRC_MAX_RECV_SGE + 1> src;
+		size_t nsrc = 0;
+		ibv_grh grh{};
+		if (ud) {
+			grh = responder_ud_grh(wqe, local.total);
+			src[nsrc++] = {&grh, kGrhBytes};
+			c.wc_flags |= IBV_WC_GRH;
+		}
+		for (size_t i = 0; i < local.count; ++i)
+			src[nsrc++] = local.iov[i];
+		// Small and into one buffer: the payload rides in the CQ ring and
+		// the owner's poll places it — no system call on either side.
+		auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
+		if (!ud && nremote == 1 && len <= (ring ? ring->payload_stride : 0)) {
+			c.flags |= XSRC_CQE_DEFERRED;
+			c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
+			responder_complete(ctx, r, c, {src.data(), nsrc});
+			return Result::done(local.total);
+		}
+		int err = 0;
+		xsrc_peer_path path = xsrc_peer_path_to(ctx, r.owner_pid);
+		if (path == xsrc_peer_path::direct) {
+			err = xsrc_peer_write(static_cast<pid_t>(r.owner_pid), src.data(), nsrc, remote.data(), nremote,
+					      len);
+			if (err == EPERM)
+				path = xsrc_peer_refused(ctx, r.owner_pid);
+		}
+		if (path == xsrc_peer_path::device)
+			err = responder_deliver_by_device(ctx, qp, r, rwqe, src.data(), nsrc, len);
+		else if (path == xsrc_peer_path::none)
+			err = ESRCH;
+		if (err) {
+			if (ud)
+				return Result::dropped();
+			if (err == ESRCH || err == EAGAIN)
+				return Result::unreachable();
+			responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR);
+			return Result::failed(IBV_WC_REM_OP_ERR);
+		}
+	}
+	responder_complete(ctx, r, c);
+	return Result::done(local.total);
+}
+
+// The access an RDMA or atomic opcode needs at the responder.
+uint32_t remote_access_needed(ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		return IBV_ACCESS_REMOTE_WRITE;
+	case IBV_WR_RDMA_READ:
+		return IBV_ACCESS_REMOTE_READ;
+	default:
+		return IBV_ACCESS_REMOTE_ATOMIC;
+	}
+}
+
+// One rkey-checked access to the responder's memory at `remote`.
+struct RemoteAccess {
+	xsrc_context *ctx;
+	xsrc_qp *qp;
+	const xsrc_send_wqe &wqe;
+	Responder &r;
+	xsrc_local_buffers &local;
+	iovec remote;
+	xsrc_peer_path path;
+	xsrc_peer_copy copy;  // the same access through the device
+
+	pid_t peer() const { return static_cast<pid_t>(r.owner_pid); }
+	Result copy_failed(int err)
+	{
+		if (err == ESRCH || err == EAGAIN)
+			return Result::unreachable();
+		return err == EFAULT ? Result::failed(IBV_WC_LOC_PROT_ERR) : responder_access_error(ctx, r);
+	}
+	Result atomic_op();
+	std::optional<Result> move_bytes(bool read);
+};
+
+Result RemoteAccess::atomic_op()
+{
+	if (path == xsrc_peer_path::direct) {
+		uint64_t original;
+		iovec orig_iov{&original, kAtomicBytes};
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		int err = xsrc_peer_read(peer(), &orig_iov, 1, &remote, 1, kAtomicBytes);
+		if (err && err != EPERM)
+			return err == ESRCH ? Result::unreachable() : responder_access_error(ctx, r);
+		if (!err) {
+			uint64_t value = original;
+			if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+				value = original + wqe.compare_add;
+			else if (original == wqe.compare_add)
+				value = wqe.swap;
+			iovec val_iov{&value, kAtomicBytes};
+			if (value != original) {
+				if (int werr = xsrc_peer_write(peer(), &val_iov, 1, &remote, 1, kAtomicBytes))
+					return werr == ESRCH ? Result::unreachable() : responder_access_error(ctx, r);
+			}
+			std::memcpy(local.iov[0].iov_base, &original, kAtomicBytes);
+			return Result::done(kAtomicBytes);
+		}
+		// Refused (the lock is released on return): the slow path.
+	}
+	if (path == xsrc_peer_path::direct)
+		path = xsrc_peer_refused(ctx, r.owner_pid);
+	if (path == xsrc_peer_path::none)
+		return Result::unreachable();
+	copy.what = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? xsrc_peer_copy::op::fetch_add
+							       : xsrc_peer_copy::op::cmp_swap;
+	if (int err = xsrc_peer_device_copy(ctx, qp, copy, local.iov.data(), 1, kAtomicBytes))
+		return copy_failed(err);
+	return Result::done(kAtomicBytes);
+}
+
+// The bytes of a READ or WRITE, moved by us or by the device: nothing once
+// they moved, else how the work request ends.
+std::optional<Result> RemoteAccess::move_bytes(bool read)
+{
+	if (path == xsrc_peer_path::direct) {
+		int err = read ? xsrc_peer_read(peer(), local.iov.data(), local.count, &remote, 1, local.total)
+			       : xsrc_peer_write(peer(), local.iov.data(), local.count, &remote, 1, local.total);
+		if (err == EPERM)
+			path = xsrc_peer_refused(ctx, r.owner_pid);
+		else if (err)
+			return err == ESRCH ? Result::unreachable() : responder_access_error(ctx, r);
+	}
+	if (path == xsrc_peer_path::none)
+		return Result::unreachable();
+	if (path == xsrc_peer_path::device) {
+		copy.what = read ? xsrc_peer_copy::op::read : xsrc_peer_copy::op::write;
+		if (int err = xsrc_peer_device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
+			return copy_failed(err);
+	}
+	return std::nullopt;
+}
+
+// RDMA WRITE / READ / atomics: the responder's memory through an rkey.
+Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r)
+{
+	uint32_t need = remote_access_needed(wqe.opcode);
+	if ((r.qp->access_flags & need) != need)
+		return responder_access_error(ctx, r);
+
+	bool is_atomic = need == IBV_ACCESS_REMOTE_ATOMIC;
+	bool is_read = need == IBV_ACCESS_REMOTE_READ;
+	xsrc_local_buffers local;
+	if (!xsrc_peer_local_buffers(ctx, qp, wqe, is_read || is_atomic, local))
+		return Result::failed(IBV_WC_LOC_PROT_ERR);
+	if (is_atomic && (local.total != kAtomicBytes || local.count != 1))
+		return Result::failed(IBV_WC_LOC_LEN_ERR);
+	if (is_atomic && (wqe.remote_addr & (kAtomicBytes - 1)))
+		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
+	if (local.total > XSRC_MAX_MSG_SIZE)
+		return Result::failed(IBV_WC_LOC_LEN_ERR);
+	// A zero-length RDMA READ or WRITE names no memory: the responder checks neither R_Key
+	// nor VA (IBTA C9-88). UCX's rc_verbs flushes with an empty inline write, rkey 0.
+	if (local.total == 0 && !is_atomic) {
+		if (wqe.opcode != IBV_WR_RDMA_WRITE_WITH_IMM)
+			return Result::done(0);
+		if (!responder_has_receive(r))
+			return responder_no_receive(qp, r);
+		return responder_deliver(ctx, qp, wqe, r, local, false);
+	}
+
+	uint64_t va;
+	if (!xsrc_peer_mr_range(xsrc_peer_live_mr(ctx->arena, wqe.rkey), r.owner_pid, r.rkey_pd_id,
+				wqe.remote_addr, local.total, need, va))
+		return responder_access_error(ctx, r);
+	RemoteAccess access{ctx, qp, wqe, r, local, {reinterpret_cast<void *>(va), local.total},
+			    xsrc_peer_path_to(ctx, r.owner_pid), responder_copy(qp, r)};
+	access.copy.kind = xsrc_peer_copy::key_kind::rkey;
+	access.copy.key = wqe.rkey.value();
+	access.copy.peer_addr = wqe.remote_addr;
+	access.copy.compare_add = wqe.compare_add;
+	access.copy.swap = wqe.swap;
+
+	if (is_atomic)
+		return access.atomic_op();
+	if (is_read) {
+		if (std::optional<Result> ended = access.move_bytes(true))
+			return *ended;
+		return Result::done(local.total);
+	}
+	// RDMA WRITE WITH IMM also consumes a receive: make sure one is there
+	// before a byte moves.
+	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !responder_has_receive(r))
+		return responder_no_receive(qp, r);
+	if (std::optional<Result> ended = access.move_bytes(false))
+		return *ended;
+	if (wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)
+		return responder_deliver(ctx, qp, wqe, r, local, false);
+	return Result::done(local.total);
+}
+
+Result shm_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
+{
+	bool ud = qp->type == IBV_QPT_UD;
+	xsrc::Qpn dest = ud ? wqe.remote_qpn : xsrc::Qpn(qp->entry->dest_qpn);
+	Responder r;
+	if (!responder_find(ctx, dest, r) || !can_receive(xsrc::qp_state_load(*r.qp)) ||
+	    r.qp->qp_type != peer_type(qp->type) || (!ud && r.qp->dest_qpn != qp->qpn.value())) {
+		if (!reliable(qp->type))
+			return Result::dropped();  // unacknowledged transports never learn
+		return Result::unreachable();
+	}
+	if (qp->type == IBV_QPT_XRC_SEND && !responder_use_xrc_srq(ctx, wqe.remote_srqn, r))
+		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
+	// A retry: is anyone still there? A dead owner whose command file lives
+	// on (a child holds it) keeps its QP in the table, but nothing answers.
+	// (Only in our own PID namespace: elsewhere the pid names another
+	// process, and the device answers ESRCH for a dead owner instead.)
+	if (wqe.retried() && ctx->direct && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH)
+		return Result::unreachable();
+
+	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {
+		if (ud) {
+			uint32_t qkey = (wqe.remote_qkey & kQkeyUseQps) ? qp->entry->qkey : wqe.remote_qkey;
+			if (qkey != r.qp->qkey)
+				return Result::dropped();  // Q_Key violation: silently dropped
+		}
+		xsrc_local_buffers local;
+		if (!xsrc_peer_local_buffers(ctx, qp, wqe, false, local))
+			return Result::failed(IBV_WC_LOC_PROT_ERR);
+		if (ud && local.total > ctx->port_mtu_bytes)
+			return Result::failed(IBV_WC_LOC_LEN_ERR);
+		if (local.total > XSRC_MAX_MSG_SIZE)
+			return Result::failed(IBV_WC_LOC_LEN_ERR);
+		return responder_deliver(ctx, qp, wqe, r, local, ud);
+	}
+	return responder_remote_access(ctx, qp, wqe, r);
+}
+
+}  // namespace
+
+const xsrc_transport xsrc_shm_transport = {
+	.name = "shm",
+	.execute = shm_execute,
+};

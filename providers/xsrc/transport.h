@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The transport interface: what the QP's post path calls, and what an engine
+// that carries a QP's messages provides.
+//
+//   qp.cpp (post_send) -> requester.cpp (order, retries, send completions)
+//                      -> xsrc_transport::execute: one attempt at one WQE
+//
+// Today's engine is the shared-memory one (shm_responder.cpp: the responder
+// model on the arena; peer_memory.cpp: moving the bytes). A wire engine
+// (RoCE v2) is another xsrc_transport beside it; the requester and the QP
+// code do not change.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
+struct xsrc_context;
+struct xsrc_qp;
+struct xsrc_send_wqe;
+
+// The outcome of one attempt at a WQE.
+enum class xsrc_attempt { done, rnr, unreachable, failed };
+
+struct xsrc_attempt_result {
+	xsrc_attempt attempt = xsrc_attempt::done;
+	ibv_wc_status status = IBV_WC_SUCCESS;  // of a failed attempt
+	uint32_t byte_len = 0;                  // of a done one
+	uint8_t min_rnr_timer = 0;              // the responder's, for an RNR wait
+
+	static xsrc_attempt_result done(uint64_t byte_len)
+	{
+		return {xsrc_attempt::done, IBV_WC_SUCCESS, static_cast<uint32_t>(byte_len), 0};
+	}
+	// Unacknowledged transports: the message is dropped, the sender never knows.
+	static xsrc_attempt_result dropped() { return {}; }
+	static xsrc_attempt_result failed(ibv_wc_status status) { return {xsrc_attempt::failed, status, 0, 0}; }
+	static xsrc_attempt_result rnr(uint8_t min_rnr_timer)
+	{
+		return {xsrc_attempt::rnr, IBV_WC_SUCCESS, 0, min_rnr_timer};
+	}
+	static xsrc_attempt_result unreachable() { return {xsrc_attempt::unreachable, IBV_WC_SUCCESS, 0, 0}; }
+};
+
+// An engine. execute() makes one attempt at `wqe` (the caller holds the
+// QP's sq_lock): it finds the responder, moves the bytes and writes the
+// responder's completions; the requester writes the sender's. It neither
+// allocates on the fast path nor throws.
+struct xsrc_transport {
+	const char *name;
+	xsrc_attempt_result (*execute)(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept;
+};
+
+extern const xsrc_transport xsrc_shm_transport;  // shm_responder.cpp
+
+// --- requester.cpp: the QP's side, whatever the engine ---------------------
+
+// Posts the WQE built in qp->sq.next() (validated; the caller holds
+// sq_lock): executes it now, or queues it behind blocked work.
+void xsrc_requester_post(xsrc_qp *qp) noexcept;
+// Executes the blocked WQEs at the head of qp->sq whose time has come.
+// Returns the time of the next retry (0 when the queue drained).
+uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept;
+// Completes every queued WQE with IBV_WC_WR_FLUSH_ERR and drains the RQ.
+void xsrc_requester_flush(xsrc_qp *qp) noexcept;
+// The monotonic clock retries are timed by.
+uint64_t xsrc_requester_now_ns() noexcept;
