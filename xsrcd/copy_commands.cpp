@@ -236,7 +236,7 @@ void move_bytes(Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &
 }
 
 // The arena's lock for the 8 bytes at `va` in `pid` (the hash the
-// providers use, transport.cpp), held while we read-modify-write.
+// providers use, peer_memory.cpp), held while we read-modify-write.
 class ArenaAtomicLock {
 public:
 	ArenaAtomicLock(Arena &arena, pid_t pid, uint64_t va)
