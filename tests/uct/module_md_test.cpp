@@ -1,8 +1,11 @@
 // The shim registered as a UCX transport, driven in-process through libuct's own API only:
 // component lookup, md open/query/register/pack/unpack, transport resources, iface open and
-// uct_iface_mem_alloc. This program links libucp (it asks ucp_get_version), so it is a UCX
-// 1.13 process and the library's constructor registers the "xsrc" component. Needs xsrc0 up.
+// uct_iface_mem_alloc, and the transport's configuration table (uct_md_iface_config_read,
+// UCX_XSRC_*: what it sets, what an iface refuses, RX_QUEUE_LEN between two processes). This
+// program links libucp (it asks ucp_get_version), so it is a UCX 1.13 process and the
+// library's constructor registers the "xsrc" component. Needs xsrc0 up.
 #include "ucx_module.h"
+#include "uct_pair.h"
 
 #include <xsrc/uct.h>
 
@@ -10,7 +13,9 @@
 #include <ucs/async/async_fwd.h>
 #include <uct/api/uct.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -22,6 +27,13 @@ ucs_status_t uct_md_mem_dereg_v2(uct_md_h, const xsrc::uct::UcxMemDeregParams *)
 }
 
 namespace {
+
+using uctpair::Child;
+using uctpair::Link;
+using uctpair::Node;
+using uctpair::recv_u64;
+using uctpair::run_pair;
+using uctpair::send_u64;
 
 uct_component_h find_component(const char *name)
 {
@@ -231,6 +243,181 @@ TEST_F(Module, TransportAndIfaceThroughLibuct)
 	uct_iface_close(iface);
 	uct_worker_destroy(worker);
 	ucs_async_context_destroy(async);
+}
+
+// --- The transport's configuration table (UCX_XSRC_*, rc_iface_config.cpp) --------------------
+
+// The two ways an iface takes a configuration read by uct_md_iface_config_read: libuct's
+// uct_iface_open (through the registered transport) and the shim's own xsrc_uct_iface_open.
+enum class OpenPath { libuct, shim };
+const char *open_path_name(OpenPath path) { return path == OpenPath::libuct ? "uct_iface_open" : "xsrc_uct_iface_open"; }
+constexpr OpenPath open_paths[] = {OpenPath::libuct, OpenPath::shim};
+
+// What an iface opened on xsrc0:1 with `config` reports.
+struct Opened {
+	ucs_status_t status = UCS_ERR_LAST;
+	uct_iface_attr_t attr{};
+	unsigned transport = 0;  // xsrc_uct_iface_transport
+};
+
+Opened open_with_config(uct_md_h md, uct_worker_h worker, const uct_iface_config_t *config, OpenPath path)
+{
+	uct_iface_params_t params{};
+	params.field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE;
+	params.open_mode = UCT_IFACE_OPEN_MODE_DEVICE;
+	params.mode.device.tl_name = "xsrc";
+	params.mode.device.dev_name = "xsrc0:1";
+	Opened out;
+	uct_iface_h iface = nullptr;
+	out.status = path == OpenPath::libuct ? uct_iface_open(md, worker, &params, config, &iface)
+					      : xsrc_uct_iface_open(md, worker, &params, config, &iface);
+	if (out.status != UCS_OK)
+		return out;
+	out.status = uct_iface_query(iface, &out.attr);
+	out.transport = xsrc_uct_iface_transport(iface);
+	uct_iface_close(iface);
+	return out;
+}
+
+// uct_md_iface_config_read's result for "xsrc", released with uct_config_release.
+struct TlConfig {
+	uct_iface_config_t *config = nullptr;
+	~TlConfig()
+	{
+		if (config)
+			uct_config_release(config);
+	}
+};
+
+TEST_F(Module, IfaceConfigTableSetsTunables)
+{
+	xsrc::harness::UctIface w;  // its worker only: the md is the fixture's
+	ASSERT_EQ(w.open_worker(), UCS_OK);
+	TlConfig c;
+	ASSERT_EQ(uct_md_iface_config_read(md, "xsrc", nullptr, nullptr, &c.config), UCS_OK);
+	// The table's defaults: 8k segments (bcopy AM less the 16-byte header), 8 SGEs, 64 eps, and
+	// TRANSPORT=auto: XRC on xsrc0 unless XSRC_UCT_TRANSPORT=rc (ctest does not set it here).
+	const char *env = getenv("XSRC_UCT_TRANSPORT");
+	const unsigned default_transport = env && strcmp(env, "rc") == 0 ? XSRC_UCT_TRANSPORT_RC : XSRC_UCT_TRANSPORT_XRC;
+	for (OpenPath path : open_paths) {
+		SCOPED_TRACE(open_path_name(path));
+		Opened o = open_with_config(md, w.worker, c.config, path);
+		ASSERT_EQ(o.status, UCS_OK);
+		EXPECT_EQ(o.attr.cap.put.max_short, 256u);
+		EXPECT_EQ(o.attr.cap.put.max_bcopy, 8192u);
+		EXPECT_EQ(o.attr.cap.am.max_bcopy, 8176u);
+		EXPECT_EQ(o.attr.cap.put.max_iov, 8u);
+		EXPECT_EQ(o.attr.max_num_eps, 64u);
+		EXPECT_EQ(o.transport, default_transport);
+	}
+	// Modified as UCX modifies a configuration (the field names without the XSRC_ prefix).
+	ASSERT_EQ(uct_config_modify(c.config, "MAX_SHORT", "128"), UCS_OK);
+	ASSERT_EQ(uct_config_modify(c.config, "SEG_SIZE", "4k"), UCS_OK);
+	ASSERT_EQ(uct_config_modify(c.config, "MAX_SGE", "2"), UCS_OK);
+	ASSERT_EQ(uct_config_modify(c.config, "MAX_EPS", "8"), UCS_OK);
+	ASSERT_EQ(uct_config_modify(c.config, "TRANSPORT", "rc"), UCS_OK);
+	for (OpenPath path : open_paths) {
+		SCOPED_TRACE(open_path_name(path));
+		Opened o = open_with_config(md, w.worker, c.config, path);
+		ASSERT_EQ(o.status, UCS_OK);
+		EXPECT_EQ(o.attr.cap.put.max_short, 128u);
+		EXPECT_EQ(o.attr.cap.put.max_bcopy, 4096u);
+		EXPECT_EQ(o.attr.cap.am.max_bcopy, 4080u);
+		EXPECT_EQ(o.attr.cap.put.max_iov, 2u);
+		EXPECT_EQ(o.attr.max_num_eps, 8u);
+		EXPECT_EQ(o.transport, unsigned{XSRC_UCT_TRANSPORT_RC});
+	}
+}
+
+// Values the table parses but an iface does not take: refused by both open paths.
+TEST_F(Module, IfaceConfigTableRefusesWhatTheIfaceCannotTake)
+{
+	xsrc::harness::UctIface w;  // its worker only: the md is the fixture's
+	ASSERT_EQ(w.open_worker(), UCS_OK);
+	struct Case {
+		const char *name, *value;
+		ucs_status_t status;
+	};
+	const Case cases[] = {
+		{"SEG_SIZE", "100", UCS_ERR_INVALID_PARAM},       // below 256
+		{"RX_QUEUE_LEN", "5000", UCS_ERR_INVALID_PARAM},  // above 4096
+		{"XRC_RX_MEM_MAX", "1m", UCS_ERR_EXCEEDS_LIMIT},  // 64 eps x 64 receives x 8k is 32m
+	};
+	for (const Case &k : cases) {
+		TlConfig c;
+		ASSERT_EQ(uct_md_iface_config_read(md, "xsrc", nullptr, nullptr, &c.config), UCS_OK);
+		// XRC_RX_MEM_MAX limits XRC only: XRC whatever XSRC_UCT_TRANSPORT says.
+		ASSERT_EQ(uct_config_modify(c.config, "TRANSPORT", "xrc"), UCS_OK);
+		ASSERT_EQ(uct_config_modify(c.config, k.name, k.value), UCS_OK) << k.name << "=" << k.value;
+		for (OpenPath path : open_paths) {
+			SCOPED_TRACE(std::string(k.name) + "=" + k.value + " through " + open_path_name(path));
+			EXPECT_EQ(open_with_config(md, w.worker, c.config, path).status, k.status);
+		}
+	}
+}
+
+// UCX_XSRC_RX_QUEUE_LEN takes effect: a receiver whose configuration UCX read with it set to 8
+// gives its sender (defaults, 64) exactly 8 active messages; the 9th waits for a credit, which
+// comes once the receiver has consumed the 8.
+namespace rxq {
+constexpr unsigned rx_queue_len = 8;
+constexpr uint8_t am_id = 2;
+constexpr uint64_t cmd_consume = 1;  // receive until `rx_queue_len` arrived, answer the count
+constexpr uint64_t cmd_finish = 2;   // receive the one more, answer the count
+
+int receiver(Link &link)
+{
+	CHILD_CHECK(setenv("UCX_XSRC_RX_QUEUE_LEN", std::to_string(rx_queue_len).c_str(), 1) == 0);
+	Node n;
+	CHILD_CHECK(n.open_md() == UCS_OK);
+	uct_iface_config_t *config = nullptr;
+	CHILD_CHECK(uct_md_iface_config_read(n.md, "xsrc", nullptr, nullptr, &config) == UCS_OK);
+	ucs_status_t st = n.open_iface_ep(1 << 16, config);
+	uct_config_release(config);
+	CHILD_CHECK(st == UCS_OK);
+	uint64_t received = 0;
+	auto count = [](void *arg, void *, size_t, unsigned) {
+		++*static_cast<uint64_t *>(arg);
+		return UCS_OK;
+	};
+	CHILD_CHECK(uct_iface_set_am_handler(n.iface, am_id, count, &received, 0) == UCS_OK);
+	CHILD_CHECK(n.connect(link) == UCS_OK);
+	send_u64(link, 1);  // connected: the sender may start; nothing is received until it says so
+	CHILD_CHECK(recv_u64(link) == cmd_consume);
+	n.wait([&] { return received >= rx_queue_len; });
+	send_u64(link, received);
+	CHILD_CHECK(recv_u64(link) == cmd_finish);
+	n.wait([&] { return received >= rx_queue_len + 1; });
+	send_u64(link, received);
+	return 0;
+}
+}  // namespace rxq
+
+TEST(ModuleIfaceConfig, RxQueueLenFromUcxLimitsWhatThePeerMaySend)
+{
+	int rc = run_pair(rxq::receiver, [](Link &link, const Child &) {
+		Node n;
+		ASSERT_EQ(n.open(), UCS_OK);
+		ASSERT_EQ(n.connect(link), UCS_OK);
+		ASSERT_EQ(recv_u64(link), 1u);
+		// The receiver does not progress: no credit comes back while this sends.
+		unsigned sent = 0;
+		ucs_status_t st = UCS_OK;
+		while (sent <= 4 * rxq::rx_queue_len && (st = uct_ep_am_short(n.ep, rxq::am_id, sent, nullptr, 0)) == UCS_OK)
+			++sent;
+		EXPECT_EQ(st, UCS_ERR_NO_RESOURCE);
+		EXPECT_EQ(sent, rxq::rx_queue_len);
+		n.wait([] { return false; }, 0.3);
+		EXPECT_EQ(uct_ep_am_short(n.ep, rxq::am_id, sent, nullptr, 0), UCS_ERR_NO_RESOURCE);
+		send_u64(link, rxq::cmd_consume);
+		EXPECT_EQ(recv_u64(link), uint64_t{rxq::rx_queue_len});
+		// The receiver re-posted and granted: the next message goes.
+		ASSERT_TRUE(n.wait([&] { return uct_ep_am_short(n.ep, rxq::am_id, sent, nullptr, 0) == UCS_OK; }));
+		ASSERT_EQ(n.flush(), UCS_OK);
+		send_u64(link, rxq::cmd_finish);
+		EXPECT_EQ(recv_u64(link), uint64_t{rxq::rx_queue_len + 1});
+	});
+	EXPECT_EQ(rc, 0);
 }
 
 // An md opened with the shim's function is a UCX md as well.

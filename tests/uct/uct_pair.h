@@ -61,12 +61,24 @@ struct Node : xsrc::harness::UctIface {
 	// Opens everything but the ep connection. Returns a status, never asserts (runs in children too).
 	ucs_status_t open(size_t mem_len = 1 << 20, const xsrc_uct_iface_config_t *cfg = nullptr, size_t rx_headroom = 0)
 	{
+		ucs_status_t st = open_md();
+		if (st != UCS_OK)
+			return st;
+		return open_iface_ep(mem_len, reinterpret_cast<const uct_iface_config_t *>(cfg), rx_headroom);
+	}
+
+	// open() in two steps, for a configuration that needs the md (uct_md_iface_config_read):
+	// the worker and md, then the iface (with `config`: null, an xsrc_uct_iface_config_t or
+	// UCX's), the registered buffer and the ep.
+	ucs_status_t open_md()
+	{
 		ucs_status_t st = open_worker();
 		if (st != UCS_OK)
 			return st;
-		st = xsrc_uct_md_open(dev_name(), nullptr, &md);
-		if (st != UCS_OK)
-			return st;
+		return xsrc_uct_md_open(dev_name(), nullptr, &md);
+	}
+	ucs_status_t open_iface_ep(size_t mem_len, const uct_iface_config_t *config, size_t rx_headroom = 0)
+	{
 		uct_iface_params_t p{};
 		p.field_mask = UCT_IFACE_PARAM_FIELD_ERR_HANDLER | UCT_IFACE_PARAM_FIELD_ERR_HANDLER_ARG |
 			       UCT_IFACE_PARAM_FIELD_ERR_HANDLER_FLAGS;
@@ -77,7 +89,7 @@ struct Node : xsrc::harness::UctIface {
 			p.field_mask |= UCT_IFACE_PARAM_FIELD_RX_HEADROOM;
 			p.rx_headroom = rx_headroom;
 		}
-		st = open_iface(std::string(dev_name()) + ":1", p, reinterpret_cast<const uct_iface_config_t *>(cfg));
+		ucs_status_t st = open_iface(std::string(dev_name()) + ":1", p, config);
 		if (st != UCS_OK)
 			return st;
 		mem.assign(mem_len, 0);
