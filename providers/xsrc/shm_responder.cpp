@@ -464,6 +464,34 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 	return Result::done(local.total);
 }
 
+// Is the owner of the responder we found dead? (Only in our own PID
+// namespace: elsewhere the pid names another process, and the device answers
+// ESRCH for a dead owner instead.)
+bool responder_owner_dead(const xsrc_context *ctx, const Responder &r)
+{
+	return ctx->direct && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH;
+}
+
+// A responder that went away while we worked on its request (its owner died
+// and the device is tearing its objects down) answers nothing: what its
+// half-destroyed tables said, a missing MR or a QP no longer ready, is no NAK
+// from a live peer. The requester retries, then completes with
+// IBV_WC_RETRY_EXC_ERR, as an HCA does when the remote QP is gone.
+bool responder_gone(const xsrc_context *ctx, const Responder &r, uint32_t generation)
+{
+	return atomic(r.qp->generation).load(std::memory_order_acquire) != generation ||
+	       xsrc::qp_state_load(*r.qp) == IBV_QPS_UNKNOWN || responder_owner_dead(ctx, r);
+}
+
+bool remote_error(const Result &res)
+{
+	return res.attempt == xsrc_attempt::failed &&
+	       (res.status == IBV_WC_REM_ACCESS_ERR || res.status == IBV_WC_REM_INV_REQ_ERR ||
+		res.status == IBV_WC_REM_OP_ERR);
+}
+
+Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r);
+
 Result shm_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
 {
 	bool ud = qp->type == IBV_QPT_UD;
@@ -475,13 +503,22 @@ Result shm_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noe
 			return Result::dropped();  // unacknowledged transports never learn
 		return Result::unreachable();
 	}
+	uint32_t generation = atomic(r.qp->generation).load(std::memory_order_acquire);
+	Result res = shm_execute_at(ctx, qp, wqe, r);
+	if (remote_error(res) && responder_gone(ctx, r, generation))
+		return Result::unreachable();
+	return res;
+}
+
+// One attempt at `wqe` on the responder `r` found for it.
+Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r)
+{
+	bool ud = qp->type == IBV_QPT_UD;
 	if (qp->type == IBV_QPT_XRC_SEND && !responder_use_xrc_srq(ctx, wqe.remote_srqn, r))
 		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
 	// A retry: is anyone still there? A dead owner whose command file lives
 	// on (a child holds it) keeps its QP in the table, but nothing answers.
-	// (Only in our own PID namespace: elsewhere the pid names another
-	// process, and the device answers ESRCH for a dead owner instead.)
-	if (wqe.retried() && ctx->direct && kill(static_cast<pid_t>(r.owner_pid), 0) != 0 && errno == ESRCH)
+	if (wqe.retried() && responder_owner_dead(ctx, r))
 		return Result::unreachable();
 
 	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {
