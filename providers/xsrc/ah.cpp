@@ -30,6 +30,7 @@ ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		errno = err;
 		return nullptr;
 	}
+	ah->engine = xsrc_route(pd->context, *attr);
 	return &ah->ah;
 }
 

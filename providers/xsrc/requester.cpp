@@ -39,6 +39,15 @@ ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
 	}
 }
 
+// The engine that reaches the WQE's destination: its AH's on UD, the RTR
+// path's on a connected QP (route.cpp), else the context's own.
+const xsrc_transport *requester_engine(const xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe)
+{
+	if (qp->type == IBV_QPT_UD)
+		return wqe.ah ? wqe.ah->engine : ctx->transport;
+	return qp->engine ? qp->engine : ctx->transport;
+}
+
 void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, ibv_wc_status status,
 			uint32_t byte_len)
 {
@@ -133,7 +142,7 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.
-	Result res = ctx->transport->execute(ctx, qp, wqe);
+	Result res = requester_engine(ctx, qp, wqe)->execute(ctx, qp, wqe);
 	if (res.attempt == xsrc_attempt::done) {
 		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
 		return;
@@ -160,7 +169,7 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 				return qp->retry_at_ns;
 			qp->retry_at_ns = 0;
 		}
-		Result res = ctx->transport->execute(ctx, qp, qp->sq.front());
+		Result res = requester_engine(ctx, qp, qp->sq.front())->execute(ctx, qp, qp->sq.front());
 		if (!requester_settle_head(ctx, qp, res, now ? now : xsrc_requester_now_ns()))
 			return qp->retry_at_ns;
 	}

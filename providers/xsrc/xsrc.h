@@ -117,12 +117,14 @@ struct xsrc_ah {
 	ibv_ah ah;
 	ibv_ah_attr attr;
 	ibv_gid sgid;                // the GID at attr.grh.sgid_index
+	const xsrc_transport *engine; // reaches attr.grh.dgid (route.cpp)
 };
 
 struct xsrc_qp {
 	verbs_qp vqp;
 	xsrc::Qpn qpn;
 	xsrc_qp_entry *entry;        // in the arena: state, attributes
+	const xsrc_transport *engine = nullptr; // towards the RTR path's GID; null: the context's
 	xsrc_recv_ring *rq;          // null with an SRQ
 	xsrc_cq *send_cq;
 	xsrc_cq *recv_cq;

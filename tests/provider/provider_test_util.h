@@ -40,16 +40,26 @@ inline ibv_qp_init_attr rc_attr(ibv_cq *cq, uint32_t max_wr, uint32_t max_inline
 	return a;
 }
 
-// RESET -> INIT -> RTR -> RTS towards `dest` on the same port; RNR retried
+// How a connected QP reaches its peer: by default the port's own GID, an
+// ACK timeout of 67 ms and 7 retries.
+struct Path {
+	const ibv_gid *dgid = nullptr;  // null: the port's GID at kGidIndex
+	uint8_t timeout = 14;
+	uint8_t retry_cnt = 7;
+};
+
+// RESET -> INIT -> RTR -> RTS towards `dest` over `how`; RNR retried
 // forever, every 10 us. Returns 0 or the first errno.
-inline int rc_connect(ibv_qp *qp, uint32_t dest)
+inline int rc_connect(ibv_qp *qp, uint32_t dest, Path how = {})
 {
 	ibv_ah_attr path{};
 	path.is_global = 1;
 	path.port_num = kPort;
 	path.grh.sgid_index = kGidIndex;
 	path.grh.hop_limit = 1;
-	if (int err = ibv_query_gid(qp->context, kPort, kGidIndex, &path.grh.dgid))
+	if (how.dgid)
+		path.grh.dgid = *how.dgid;
+	else if (int err = ibv_query_gid(qp->context, kPort, kGidIndex, &path.grh.dgid))
 		return err;
 	struct Step {
 		ibv_qp_attr attr;
@@ -67,7 +77,11 @@ inline int rc_connect(ibv_qp *qp, uint32_t dest)
 		  .min_rnr_timer = 1},
 		 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 			 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER},
-		{{.qp_state = IBV_QPS_RTS, .max_rd_atomic = 1, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7},
+		{{.qp_state = IBV_QPS_RTS,
+		  .max_rd_atomic = 1,
+		  .timeout = how.timeout,
+		  .retry_cnt = how.retry_cnt,
+		  .rnr_retry = 7},
 		 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			 IBV_QP_MAX_QP_RD_ATOMIC},
 	};
