@@ -124,19 +124,7 @@ protected:
 			mrs.push_back(mr);
 		}
 	}
-	void TearDown() override
-	{
-		for (ibv_qp *qp : qps)
-			ibv_destroy_qp(qp);
-		for (ibv_mr *mr : mrs)
-			ibv_dereg_mr(mr);
-		if (cq)
-			ibv_destroy_cq(cq);
-		if (pd)
-			ibv_dealloc_pd(pd);
-		if (ctx)
-			ibv_close_device(ctx);
-	}
+	void TearDown() override { destroy_all(qps, mrs, std::span(&cq, 1), pd, ctx); }
 
 	// Two QPs connected to each other: qps[0] sends, qps[1] receives.
 	void connect_pair(bool builder)
@@ -219,6 +207,17 @@ protected:
 		wrs[3].sg_list = &sges[4];
 		wrs[3].num_sge = 1;
 		return wrs;
+	}
+
+	// Posts `wrs` on qps[0] while every allocation fails; `attempts` counts
+	// the allocations tried meanwhile.
+	int post_with_no_memory(std::vector<ibv_send_wr> &wrs, unsigned &attempts)
+	{
+		ibv_send_wr *bad = nullptr;
+		FailingAllocator armed(0);
+		int ret = ibv_post_send(qps[0], wrs.data(), &bad);
+		attempts = armed.attempts();
+		return ret;
 	}
 
 	ibv_context *ctx = nullptr;
@@ -344,14 +343,8 @@ TEST_F(AllocFail, PostSendNeverAllocates)
 	post_receives(3);
 	std::vector<ibv_sge> sges;
 	std::vector<ibv_send_wr> wrs = four_wrs(sges);
-	ibv_send_wr *bad = nullptr;
-	int ret;
-	unsigned attempts;
-	{
-		FailingAllocator armed(0);
-		ret = ibv_post_send(qps[0], wrs.data(), &bad);
-		attempts = armed.attempts();
-	}
+	unsigned attempts = 0;
+	int ret = post_with_no_memory(wrs, attempts);
 	EXPECT_EQ(ret, 0) << strerror(ret);
 	EXPECT_EQ(attempts, 0u) << "post_send allocated";
 	expect_completions(4, 3);
@@ -369,14 +362,8 @@ TEST_F(AllocFail, BlockedSendsQueueWithoutAllocating)
 	std::vector<ibv_sge> sges;
 	std::vector<ibv_send_wr> wrs = four_wrs(sges);
 	wrs[2].opcode = IBV_WR_SEND;  // all four need a receive
-	ibv_send_wr *bad = nullptr;
-	int ret;
-	unsigned attempts;
-	{
-		FailingAllocator armed(0);
-		ret = ibv_post_send(qps[0], wrs.data(), &bad);
-		attempts = armed.attempts();
-	}
+	unsigned attempts = 0;
+	int ret = post_with_no_memory(wrs, attempts);
 	EXPECT_EQ(ret, 0) << strerror(ret);
 	EXPECT_EQ(attempts, 0u) << "queueing blocked work allocated";
 	ibv_wc wc;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,26 @@ inline int rc_connect(ibv_qp *qp, uint32_t dest, Path how = {})
 		if (int err = ibv_modify_qp(qp, &step.attr, step.mask))
 			return err;
 	return 0;
+}
+
+// Destroys what a test made on xsrc0: QPs, MRs, CQs, then the PD and the
+// context (null entries are skipped).
+inline void destroy_all(std::span<ibv_qp *const> qps, std::span<ibv_mr *const> mrs,
+			std::span<ibv_cq *const> cqs, ibv_pd *pd, ibv_context *ctx)
+{
+	for (ibv_qp *qp : qps)
+		if (qp)
+			ibv_destroy_qp(qp);
+	for (ibv_mr *mr : mrs)
+		if (mr)
+			ibv_dereg_mr(mr);
+	for (ibv_cq *cq : cqs)
+		if (cq)
+			ibv_destroy_cq(cq);
+	if (pd)
+		ibv_dealloc_pd(pd);
+	if (ctx)
+		ibv_close_device(ctx);
 }
 
 // Polls until `n` completions arrived or 10 s passed.

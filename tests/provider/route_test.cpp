@@ -40,18 +40,9 @@ protected:
 	{
 		if (ah)
 			ibv_destroy_ah(ah);
-		for (ibv_qp *qp : {a, b})
-			if (qp)
-				ibv_destroy_qp(qp);
-		if (mr)
-			ibv_dereg_mr(mr);
-		for (ibv_cq *cq : {send_cq, recv_cq})
-			if (cq)
-				ibv_destroy_cq(cq);
-		if (pd)
-			ibv_dealloc_pd(pd);
-		if (ctx)
-			ibv_close_device(ctx);
+		ibv_qp *qps[] = {a, b};
+		ibv_cq *cqs[] = {send_cq, recv_cq};
+		destroy_all(qps, std::span(&mr, 1), cqs, pd, ctx);
 	}
 
 	// A unique-local IPv6 GID that is not in the port's table.
@@ -147,6 +138,24 @@ protected:
 		return ibv_create_ah(pd, &attr);
 	}
 
+	// UD QP a sends one datagram to UD QP b (a receive posted) through an AH
+	// for `dgid` (null: the port's own GID); the send completes successfully.
+	void ud_send_to(const ibv_gid *dgid)
+	{
+		a = make_qp(IBV_QPT_UD);
+		b = make_qp(IBV_QPT_UD);
+		ASSERT_TRUE(a && b);
+		ud_to_rts(a);
+		ud_to_rts(b);
+		ah = make_ah(dgid);
+		ASSERT_NE(ah, nullptr);
+		post_recv(b, kBytes, kGrhBytes + kBytes);
+		post_send(a, ah, b->qp_num);
+		std::vector<ibv_wc> sent = poll_n(send_cq, 1);
+		ASSERT_EQ(sent.size(), 1u);
+		EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+	}
+
 	ibv_context *ctx = nullptr;
 	ibv_pd *pd = nullptr;
 	ibv_cq *send_cq = nullptr, *recv_cq = nullptr;
@@ -204,35 +213,13 @@ TEST_F(Route, RcToTheLocalGidDelivers)
 
 TEST_F(Route, UdToAForeignGidIsLostNotDeliveredLocally)
 {
-	a = make_qp(IBV_QPT_UD);
-	b = make_qp(IBV_QPT_UD);
-	ASSERT_TRUE(a && b);
-	ud_to_rts(a);
-	ud_to_rts(b);
-	ah = make_ah(&foreign);
-	ASSERT_NE(ah, nullptr);
-	post_recv(b, kBytes, kGrhBytes + kBytes);
-	post_send(a, ah, b->qp_num);
-	std::vector<ibv_wc> wc = poll_n(send_cq, 1);
-	ASSERT_EQ(wc.size(), 1u);
-	EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);  // a datagram leaves; nobody is there
+	ASSERT_NO_FATAL_FAILURE(ud_send_to(&foreign));  // a datagram leaves; nobody is there
 	expect_nothing_received();
 }
 
 TEST_F(Route, UdToTheLocalGidDelivers)
 {
-	a = make_qp(IBV_QPT_UD);
-	b = make_qp(IBV_QPT_UD);
-	ASSERT_TRUE(a && b);
-	ud_to_rts(a);
-	ud_to_rts(b);
-	ah = make_ah(nullptr);
-	ASSERT_NE(ah, nullptr);
-	post_recv(b, kBytes, kGrhBytes + kBytes);
-	post_send(a, ah, b->qp_num);
-	std::vector<ibv_wc> sent = poll_n(send_cq, 1);
-	ASSERT_EQ(sent.size(), 1u);
-	EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+	ASSERT_NO_FATAL_FAILURE(ud_send_to(nullptr));
 	std::vector<ibv_wc> got = poll_n(recv_cq, 1);
 	ASSERT_EQ(got.size(), 1u);
 	EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);

@@ -10,20 +10,10 @@
 # Every ucx_info must exit 0: also no crash when the library unregisters at exit.
 set -u
 lib=$1; fake=$2
-xsrc=${XSRC:?XSRC must name the xsrc tool}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail=0
+. "$(dirname "$0")/ucx_info_lib.sh"
 
-# run NAME ARGS -- ENV...: ucx_info ARGS under `xsrc run`, with ENV, outputs in $dir/NAME.*
-run() {
-  local name=$1 args=() ; shift
-  while [ "$1" != -- ]; do args+=("$1"); shift; done; shift
-  timeout 60 "$xsrc" run -- env XSRC_UCT_DEBUG=1 "$@" ucx_info "${args[@]}" >"$dir/$name.out" 2>"$dir/$name.err"
-  echo $? >"$dir/$name.rc"
-}
-bad() { echo "FAIL ($1): $2"; fail=1; }
-exited_0() { [ "$(cat "$dir/$1.rc")" = 0 ] || bad "$1" "ucx_info exited $(cat "$dir/$1.rc")"; }
+# run NAME ARGS -- ENV...: ucx_info_run, with the shim saying why it stays out.
+run() { ucx_info_run "$@" XSRC_UCT_DEBUG=1; }
 lists_xsrc() { grep -A1 -E '^# +Transport: xsrc$' "$dir/$1.out" | grep -qE '^# +Device: xsrc0:1$'; }
 lists_ucx() {  # UCX's built-in transports are listed
   grep -qE '^# +Transport: self$' "$dir/$1.out" && grep -qE '^# +Transport: posix$' "$dir/$1.out"

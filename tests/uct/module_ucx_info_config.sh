@@ -9,20 +9,10 @@
 # Every ucx_info must exit 0.
 set -u
 lib=$1
-xsrc=${XSRC:?XSRC must name the xsrc tool}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail=0
+. "$(dirname "$0")/ucx_info_lib.sh"
 
-# run NAME ARGS -- ENV...: ucx_info ARGS under `xsrc run`, with ENV, outputs in $dir/NAME.*
-run() {
-  local name=$1 args=() ; shift
-  while [ "$1" != -- ]; do args+=("$1"); shift; done; shift
-  timeout 60 "$xsrc" run -- env "$@" ucx_info "${args[@]}" >"$dir/$name.out" 2>"$dir/$name.err"
-  local rc=$?
-  [ $rc = 0 ] || bad "$name" "ucx_info exited $rc"
-}
-bad() { echo "FAIL ($1): $2"; fail=1; }
+# run NAME ARGS -- ENV...: ucx_info_run, which must exit 0.
+run() { ucx_info_run "$@"; exited_0 "$1"; }
 # The comment block right above the line `UCX_$2=...` in $dir/$1.out.
 help_of() { awk -v v="UCX_$2=" 'index($0, v) == 1 { printf "%s", block; exit } /^#/ { block = block $0 "\n"; next } { block = "" }' "$dir/$1.out"; }
 # The lines of the xsrc transport's section of ucx_info -d, in $dir/$1.out.
