@@ -1,0 +1,84 @@
+#!/bin/bash
+# A harness of hosts on one machine: each host is a network namespace with
+# its own mount namespace (its own /run, /dev/shm, /dev/infiniband and /sys),
+# its own xsrcd and xsrc0 bound to its veth; the hosts share one link
+# (10.77.0.0/24, fd77::/64). Traffic stays on that link, inside namespaces
+# this script made, and everything is removed by `down`.
+#
+#   hosts.sh up N        N hosts (2 or more) joined by a bridge
+#   hosts.sh run I CMD.. CMD on host I (1-based), with the device's environment
+#   hosts.sh down        stop every host's daemon, remove namespaces and links
+#
+# Needs root, iproute2, util-linux (unshare, nsenter); $XSRC names the xsrc
+# tool and $RDMAV_DRIVERS the provider (as the CTest environment sets them).
+set -euo pipefail
+
+prefix=${XSRC_HOSTS_PREFIX:-xsrch}
+state=/run/$prefix  # host i's holder pid in $state/i.pid (host side)
+xsrc=${XSRC:?XSRC must name the xsrc tool}
+
+holder() { cat "$state/$1.pid"; }
+# in_host I CMD...: CMD in host I's network and mount namespaces.
+in_host() {
+  local i=$1; shift
+  nsenter -t "$(holder "$i")" -n -m -- "$@"
+}
+
+up() {
+  local n=$1 i
+  [ "$n" -ge 2 ] || { echo "hosts.sh: need 2 or more hosts" >&2; exit 2; }
+  mkdir -p "$state"
+  ip netns add "$prefix-br"
+  ip -n "$prefix-br" link add br0 type bridge
+  ip -n "$prefix-br" link set br0 up
+  for i in $(seq "$n"); do
+    ip netns add "$prefix-$i"
+    ip link add "$prefix-$i" netns "$prefix-$i" type veth peer name "port$i" netns "$prefix-br"
+    ip -n "$prefix-br" link set "port$i" master br0 up
+    ip -n "$prefix-$i" link set lo up
+    ip -n "$prefix-$i" addr add "10.77.0.$i/24" dev "$prefix-$i"
+    ip -n "$prefix-$i" -6 addr add "fd77::$i/64" dev "$prefix-$i" nodad
+    ip -n "$prefix-$i" link set "$prefix-$i" up
+    # The holder keeps the host's mount namespace (private /run, /dev/shm,
+    # /dev/infiniband and a /sys of its network namespace) alive.
+    ip netns exec "$prefix-$i" unshare --mount --propagation private sh -c '
+      mount -t tmpfs -o mode=0755 xsrc-host-run /run
+      mkdir -p /dev/infiniband
+      mount -t tmpfs -o mode=0755 xsrc-host-dev /dev/infiniband
+      mount -t tmpfs -o mode=1777 xsrc-host-shm /dev/shm
+      exec sleep infinity' </dev/null >/dev/null 2>&1 &
+    echo $! >"$state/$i.pid"
+  done
+  for i in $(seq "$n"); do
+    for _ in $(seq 50); do  # until the holder has mounted its /run
+      in_host "$i" sh -c 'mountpoint -q /run && [ ! -e /run/'"$prefix"' ]' 2>/dev/null && break
+      sleep 0.1
+    done
+    in_host "$i" "$xsrc" up --name xsrc0 --netdev "$prefix-$i" >/dev/null
+  done
+}
+
+down() {
+  local f i
+  for f in "$state"/*.pid; do
+    [ -e "$f" ] || continue
+    i=$(basename "$f" .pid)
+    in_host "$i" "$xsrc" down >/dev/null 2>&1 || true
+    kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^$prefix-" || true); do
+    ip netns del "$ns"
+  done
+  rmdir "$state" 2>/dev/null || true
+}
+
+case ${1:-} in
+up) up "${2:-2}" ;;
+run)
+  i=$2; shift 2
+  in_host "$i" env SYSFS_PATH=/run/xsrc/sysfs XSRC_RUNDIR=/run/xsrc "$@"
+  ;;
+down) down ;;
+*) echo "usage: hosts.sh up N | run I CMD... | down" >&2; exit 2 ;;
+esac
