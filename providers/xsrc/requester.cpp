@@ -77,11 +77,13 @@ uint64_t requester_ack_timeout_ns(uint8_t timeout)
 }
 
 // The head WQE ends with `status`: the QP goes to error, the rest is flushed.
+// The state changes first, so whoever polls the error completion and then
+// queries the QP finds it in ERR, as on an HCA.
 void requester_fail_head(xsrc_context *ctx, xsrc_qp *qp, ibv_wc_status status)
 {
+	xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
 	requester_complete(ctx, qp, qp->sq.front(), status, 0);
 	qp->sq.pop_front();
-	xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
 	xsrc_requester_flush(qp);
 }
 
