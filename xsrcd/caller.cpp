@@ -25,6 +25,24 @@ int pidfd_getfd(int pidfd, int fd, unsigned flags)
 	return static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, flags));
 }
 
+int write_to(pid_t pid, uint64_t addr, std::span<const std::byte> bytes)
+{
+	if (bytes.empty())
+		return 0;
+	iovec local{const_cast<std::byte *>(bytes.data()), bytes.size()};
+	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
+	return process_vm_writev(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(bytes.size()) ? 0 : EFAULT;
+}
+
+int read_from(pid_t pid, uint64_t addr, std::span<std::byte> bytes)
+{
+	if (bytes.empty())
+		return 0;
+	iovec local{bytes.data(), bytes.size()};
+	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
+	return process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(bytes.size()) ? 0 : EFAULT;
+}
+
 }  // namespace
 
 pid_t tgid_of(pid_t tid)
@@ -45,26 +63,12 @@ ProcessCaller::ProcessCaller(pid_t tgid) : tgid_(tgid)
 
 int ProcessCaller::write_memory(uint64_t addr, std::span<const std::byte> bytes)
 {
-	if (bytes.empty())
-		return 0;
-	iovec local{const_cast<std::byte *>(bytes.data()), bytes.size()};
-	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
-	ssize_t n = process_vm_writev(tgid_, &local, 1, &remote, 1, 0);
-	if (n != static_cast<ssize_t>(bytes.size()))
-		return EFAULT;
-	return 0;
+	return write_to(tgid_, addr, bytes);
 }
 
 int ProcessCaller::read_memory(uint64_t addr, std::span<std::byte> bytes)
 {
-	if (bytes.empty())
-		return 0;
-	iovec local{bytes.data(), bytes.size()};
-	iovec remote{reinterpret_cast<void *>(addr), bytes.size()};
-	ssize_t n = process_vm_readv(tgid_, &local, 1, &remote, 1, 0);
-	if (n != static_cast<ssize_t>(bytes.size()))
-		return EFAULT;
-	return 0;
+	return read_from(tgid_, addr, bytes);
 }
 
 int ProcessCaller::take_fd(int fd)
@@ -100,6 +104,29 @@ int ProcessCaller::check_mapped(uint64_t addr, uint64_t length, bool writable)
 	}
 	fclose(maps);
 	return covered_to >= end ? 0 : EFAULT;
+}
+
+// process_vm_readv/writev take any thread's id; fds belong to its thread group.
+int ThreadCaller::write_memory(uint64_t addr, std::span<const std::byte> bytes)
+{
+	return write_to(tid_, addr, bytes);
+}
+
+int ThreadCaller::read_memory(uint64_t addr, std::span<std::byte> bytes)
+{
+	return read_from(tid_, addr, bytes);
+}
+
+int ThreadCaller::take_fd(int fd)
+{
+	ProcessCaller process(tgid_of(tid_));
+	return process.valid() ? process.take_fd(fd) : -ESRCH;
+}
+
+int ThreadCaller::check_mapped(uint64_t addr, uint64_t length, bool writable)
+{
+	ProcessCaller process(tgid_of(tid_));
+	return process.valid() ? process.check_mapped(addr, length, writable) : EFAULT;
 }
 
 }  // namespace xsrc

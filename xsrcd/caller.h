@@ -51,6 +51,22 @@ private:
 	unique_fd pidfd_;
 };
 
+// A thread blocked in a write() to one of the daemon's files (it stays
+// blocked, so its id stays its own, until the write is answered): its memory,
+// and its process's fds. No system call until one is needed.
+class ThreadCaller final : public Caller {
+public:
+	explicit ThreadCaller(pid_t tid) : tid_(tid) {}
+	int write_memory(uint64_t addr, std::span<const std::byte> bytes) override;
+	int read_memory(uint64_t addr, std::span<std::byte> bytes) override;
+	int take_fd(int fd) override;
+	int check_mapped(uint64_t addr, uint64_t length, bool writable) override;
+	pid_t pid() const override { return tid_; }
+
+private:
+	pid_t tid_;
+};
+
 // Thread-group id of a thread, from /proc; -1 if it is gone.
 pid_t tgid_of(pid_t tid);
 

@@ -337,4 +337,34 @@ void Daemon::on_owner_exit(uint64_t id)
 			qp_enter_error(ctx, *qp);
 }
 
+std::vector<CmDevice> Daemon::cm_devices()
+{
+	std::lock_guard lock(mu_);
+	std::vector<CmDevice> out;
+	for (auto &[name, dev] : devices_) {
+		CmDevice d;
+		d.name = name;
+		d.index = dev->uverbs_index;
+		d.node_guid = dev->view.node_guid;
+		d.active_mtu = dev->view.port.active_mtu;
+		d.netdev = dev->netdev;
+		d.gids = dev->view.port.gids;
+		out.push_back(std::move(d));
+	}
+	return out;
+}
+
+void Daemon::cm_peer_gone(const std::string &device, uint32_t qpn)
+{
+	std::lock_guard lock(mu_);
+	Device *dev = find_device_locked(device);
+	if (!dev || qpn < XSRC_QPN_BASE)
+		return;
+	ObjectRef ref = dev->qp_slots.find(qpn - XSRC_QPN_BASE);
+	if (!ref || !ref.ctx->device)
+		return;
+	if (Qp *qp = lookup<Qp>(*ref.ctx, ref.handle))
+		qp_enter_error(*ref.ctx, *qp);
+}
+
 }  // namespace xsrc

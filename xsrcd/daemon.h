@@ -13,13 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "cm.h"
 #include "objects.h"
 
 namespace xsrc {
 
 inline constexpr const char *kDefaultShmDir = "/dev/shm";
 
-class Daemon {
+class Daemon : public CmHost {
 public:
 	// Device arenas are created in `shm_dir` as xsrc-<device>.
 	Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir = kDefaultShmDir);
@@ -46,6 +47,10 @@ public:
 	bool context_owner(uint64_t id, uid_t &uid);
 
 	size_t object_count();  // every object of every context, for tests
+
+	// The connection manager's view (CmHost).
+	std::vector<CmDevice> cm_devices() override;
+	void cm_peer_gone(const std::string &device, uint32_t qpn) override;
 
 	// The owner of a context exited while its command file lives on (a child
 	// holds it): its memory is gone, so its QPs go to error and peers see

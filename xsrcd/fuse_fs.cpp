@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include <span>
 #include <sstream>
 
+#include "caller.h"
+#include "cm.h"
 #include "command_capture.h"
 #include "common/fd.h"
 #include "daemon.h"
@@ -24,11 +27,124 @@ namespace xsrc {
 namespace {
 
 // Inodes: 1 is the root, device directories get numbers from a counter,
-// context files are kContextInoBase + context id.
+// context files are kContextInoBase + context id; the rdma_cm directory is
+// kCmDirIno, a cm channel's file kCmChannelInoBase + channel and its event
+// file kCmEventInoBase + channel.
 constexpr fuse_ino_t kContextInoBase = 1ull << 40;
+constexpr fuse_ino_t kCmDirIno = 1ull << 39;
+constexpr fuse_ino_t kCmChannelInoBase = 1ull << 41;
+constexpr fuse_ino_t kCmEventInoBase = 1ull << 42;
+constexpr const char *kCmDirName = "rdma_cm";
+constexpr const char *kCmChannelName = "channel";
+constexpr const char *kCmEventPrefix = "event-";
+// A file handle of a cm file: the channel with this bit (context files: the context id).
+constexpr uint64_t kCmFh = 1ull << 63;
+
+bool is_cm_file(fuse_ino_t ino) { return ino >= kCmChannelInoBase && ino < (kCmEventInoBase << 1); }
+uint64_t cm_channel_of(fuse_ino_t ino)
+{
+	return ino >= kCmEventInoBase ? ino - kCmEventInoBase : ino - kCmChannelInoBase;
+}
+
+// The cm's front end: held GET_EVENTs waiting for an event, and the poll
+// handles of channels someone polls. Leaf locks: the cm calls in with its
+// own lock held.
+class CmFiles final : public CmFrontEnd {
+public:
+	struct Pending {
+		fuse_req_t req;
+		size_t size;
+		bool registering = true;  // the interrupt callback is not installed yet: hold the answer
+		std::optional<int> answer;
+	};
+
+	uint64_t hold(fuse_req_t req, size_t size)
+	{
+		std::lock_guard lock(mu_);
+		uint64_t token = next_token_++;
+		pending_.emplace(token, Pending{req, size});
+		return token;
+	}
+	// The request was answered at once, or is now held with its interrupt
+	// callback in place: reply if its answer came meanwhile.
+	void settle(uint64_t token, std::optional<int> now)
+	{
+		std::unique_lock lock(mu_);
+		auto it = pending_.find(token);
+		if (it == pending_.end())
+			return;
+		if (now)
+			it->second.answer = now;
+		it->second.registering = false;
+		if (!it->second.answer)
+			return;
+		Pending p = it->second;
+		pending_.erase(it);
+		lock.unlock();
+		reply(p, *p.answer);
+	}
+	void answer(uint64_t token, int err) override
+	{
+		std::unique_lock lock(mu_);
+		auto it = pending_.find(token);
+		if (it == pending_.end())
+			return;
+		if (it->second.registering) {
+			it->second.answer = err;
+			return;
+		}
+		Pending p = it->second;
+		pending_.erase(it);
+		lock.unlock();
+		reply(p, err);
+	}
+	void readable(uint64_t channel) override
+	{
+		std::lock_guard lock(mu_);
+		auto it = polls_.find(channel);
+		if (it == polls_.end())
+			return;
+		fuse_lowlevel_notify_poll(it->second);
+		fuse_pollhandle_destroy(it->second);
+		polls_.erase(it);
+	}
+	void set_poll(uint64_t channel, fuse_pollhandle *ph)
+	{
+		std::lock_guard lock(mu_);
+		auto [it, fresh] = polls_.emplace(channel, ph);
+		if (!fresh) {
+			fuse_pollhandle_destroy(it->second);
+			it->second = ph;
+		}
+	}
+	void forget_poll(uint64_t channel)
+	{
+		std::lock_guard lock(mu_);
+		if (auto it = polls_.find(channel); it != polls_.end()) {
+			fuse_pollhandle_destroy(it->second);
+			polls_.erase(it);
+		}
+	}
+
+private:
+	static void reply(const Pending &p, int err)
+	{
+		if (err)
+			fuse_reply_err(p.req, err);
+		else
+			fuse_reply_write(p.req, p.size);
+	}
+	std::mutex mu_;
+	uint64_t next_token_ = 1;
+	std::map<uint64_t, Pending> pending_;
+	std::map<uint64_t, fuse_pollhandle *> polls_;
+};
 
 struct FsState {
 	Daemon *daemon;
+	CmService *cm;
+	CmFiles cm_files;
+	dev_t fs_dev = 0;  // st_dev of the mount, to recognise our files by fd
 	std::mutex mu;
 	std::map<std::string, fuse_ino_t> dir_ino;   // device name -> inode
 	std::map<fuse_ino_t, std::string> dir_name;
@@ -86,6 +202,12 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	FsState &fs = state(req);
 	fuse_entry_param e{};
+	if (parent == FUSE_ROOT_ID && std::string_view(name) == kCmDirName) {
+		e.ino = kCmDirIno;
+		fill_dir_attr(e.attr, e.ino, 01777);
+		fuse_reply_entry(req, &e);
+		return;
+	}
 	if (parent == FUSE_ROOT_ID && fs.daemon->device_exists(name)) {
 		e.ino = fs.ino_for(name);
 		if (device_dir_attr(fs, e.ino, e.attr)) {
@@ -93,7 +215,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 			return;
 		}
 	}
-	// Context files are never found by name: only their creator holds one.
+	// Context and cm files are never found by name: only their creator holds one.
 	e.ino = 0;  // negative entry, not cached (timeouts 0)
 	fuse_reply_entry(req, &e);
 }
@@ -104,6 +226,18 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info *)
 	struct stat st{};
 	if (ino == FUSE_ROOT_ID) {
 		fill_dir_attr(st, ino, 0755);
+	} else if (ino == kCmDirIno) {
+		fill_dir_attr(st, ino, 01777);
+	} else if (is_cm_file(ino)) {
+		uid_t uid;
+		if (!fs.cm->channel_owner(cm_channel_of(ino), uid)) {
+			fuse_reply_err(req, ENOENT);
+			return;
+		}
+		st.st_ino = ino;
+		st.st_mode = S_IFREG | 0600;
+		st.st_nlink = 1;
+		st.st_uid = uid;
 	} else if (ino >= kContextInoBase) {
 		uid_t uid;
 		if (!fs.daemon->context_owner(ino - kContextInoBase, uid)) {
@@ -125,9 +259,11 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fil
 {
 	FsState &fs = state(req);
 	std::vector<std::pair<std::string, fuse_ino_t>> entries{{".", ino}, {"..", FUSE_ROOT_ID}};
-	if (ino == FUSE_ROOT_ID)
+	if (ino == FUSE_ROOT_ID) {
+		entries.emplace_back(kCmDirName, kCmDirIno);
 		for (auto &name : fs.daemon->device_names())
 			entries.emplace_back(name, fs.ino_for(name));
+	}
 	std::string buf(size, '\0');
 	size_t used = 0;
 	for (size_t i = static_cast<size_t>(off); i < entries.size(); ++i) {
@@ -143,9 +279,62 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fil
 	fuse_reply_buf(req, buf.data(), used);
 }
 
-void op_create(fuse_req_t req, fuse_ino_t parent, const char *, mode_t, fuse_file_info *fi)
+void command_file_options(fuse_file_info *fi)
+{
+	fi->direct_io = 1;    // every write() reaches us whole, nothing cached
+	fi->nonseekable = 1;
+	fi->noflush = 1;      // close() of a dup must not cost a round trip
+}
+
+// rdma_cm/channel makes a new cm channel; rdma_cm/event-<inode of a
+// channel file> opens that channel's event file (GET_EVENT blocks there
+// without holding the channel file's inode lock: see tools/preload).
+void create_cm_file(FsState &fs, fuse_req_t req, const char *name, fuse_file_info *fi)
+{
+	const fuse_ctx *caller = fuse_req_ctx(req);
+	std::string_view n(name);
+	fuse_entry_param e{};
+	uint64_t channel = 0;
+	if (n == kCmChannelName) {
+		fs.cm->open_channel(caller->uid, channel);
+		e.ino = kCmChannelInoBase + channel;
+	} else if (n.starts_with(kCmEventPrefix)) {
+		std::string digits(n.substr(std::strlen(kCmEventPrefix)));
+		char *end = nullptr;
+		errno = 0;
+		unsigned long long ino = std::strtoull(digits.c_str(), &end, 10);
+		if (digits.empty() || *end || errno || ino < kCmChannelInoBase || ino >= kCmEventInoBase) {
+			fuse_reply_err(req, EINVAL);
+			return;
+		}
+		channel = ino - kCmChannelInoBase;
+		if (int err = fs.cm->open_event_file(channel, caller->uid)) {
+			fuse_reply_err(req, err);
+			return;
+		}
+		e.ino = kCmEventInoBase + channel;
+	} else {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	e.attr.st_ino = e.ino;
+	e.attr.st_mode = S_IFREG | 0600;
+	e.attr.st_nlink = 1;
+	e.attr.st_uid = caller->uid;
+	e.attr.st_gid = caller->gid;
+	fi->fh = kCmFh | channel;
+	command_file_options(fi);
+	if (fuse_reply_create(req, &e, fi) != 0)
+		fs.cm->release_file(channel);
+}
+
+void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t, fuse_file_info *fi)
 {
 	FsState &fs = state(req);
+	if (parent == kCmDirIno) {
+		create_cm_file(fs, req, name, fi);
+		return;
+	}
 	std::string device;
 	struct stat dir{};
 	if (!device_dir_attr(fs, parent, dir, &device)) {
@@ -166,9 +355,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char *, mode_t, fuse_fil
 	e.attr.st_uid = caller->uid;
 	e.attr.st_gid = caller->gid;
 	fi->fh = id;
-	fi->direct_io = 1;    // every write() reaches us whole, nothing cached
-	fi->nonseekable = 1;
-	fi->noflush = 1;      // close() of a dup must not cost a round trip
+	command_file_options(fi);
 	if (fuse_reply_create(req, &e, fi) != 0)
 		fs.daemon->release_context(id);  // the creator is gone already
 }
@@ -177,7 +364,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info *)
 {
 	// Reopening a context file (/proc/PID/fd/N) would share a context
 	// across opens; only create() makes one.
-	fuse_reply_err(req, ino >= kContextInoBase ? EPERM : EISDIR);
+	fuse_reply_err(req, ino >= kContextInoBase || is_cm_file(ino) ? EPERM : EISDIR);
 }
 
 // XSRC_CAPTURE_DIR=DIR: every command as delivered, appended to
@@ -205,9 +392,35 @@ void capture_command(uint64_t context, std::span<const std::byte> bytes)
 	}
 }
 
+void on_cm_interrupt(fuse_req_t req, void *token)
+{
+	state(req).cm->cancel(reinterpret_cast<uintptr_t>(token));
+}
+
+// One rdma_cm command. A GET_EVENT with nothing to take is held: the cm
+// answers it later through CmFiles, or EINTR when a signal interrupts it.
+void cm_write(FsState &fs, fuse_req_t req, std::span<const std::byte> bytes, fuse_file_info *fi)
+{
+	const pid_t tid = fuse_req_ctx(req)->pid;
+	ThreadCaller caller(tid);
+	const uint64_t token = fs.cm_files.hold(req, bytes.size());
+	int err = fs.cm->execute(fi->fh & ~kCmFh, caller, std::make_unique<ThreadCaller>(tid), bytes,
+				 (fi->flags & O_NONBLOCK) != 0, token);
+	if (err != CmService::kHeld) {
+		fs.cm_files.settle(token, err);
+		return;
+	}
+	fuse_req_interrupt_func(req, on_cm_interrupt, reinterpret_cast<void *>(static_cast<uintptr_t>(token)));
+	fs.cm_files.settle(token, std::nullopt);
+}
+
 void op_write(fuse_req_t req, fuse_ino_t, const char *buf, size_t size, off_t, fuse_file_info *fi)
 {
 	FsState &fs = state(req);
+	if (fi->fh & kCmFh) {
+		cm_write(fs, req, std::span(reinterpret_cast<const std::byte *>(buf), size), fi);
+		return;
+	}
 	std::span<const std::byte> bytes(reinterpret_cast<const std::byte *>(buf), size);
 	capture_command(fi->fh, bytes);
 	int err = fs.daemon->execute(fi->fh, fuse_req_ctx(req)->pid, bytes);
@@ -224,10 +437,34 @@ void op_ioctl(fuse_req_t req, fuse_ino_t, unsigned int, void *, fuse_file_info *
 	fuse_reply_err(req, ENOTTY);
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info *fi)
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi)
 {
-	state(req).daemon->release_context(fi->fh);
+	FsState &fs = state(req);
+	if (fi->fh & kCmFh) {
+		if (ino < kCmEventInoBase)
+			fs.cm_files.forget_poll(fi->fh & ~kCmFh);
+		fs.cm->release_file(fi->fh & ~kCmFh);
+	} else {
+		fs.daemon->release_context(fi->fh);
+	}
 	fuse_reply_err(req, 0);
+}
+
+// A cm channel polls readable while an event waits. Every other file answers
+// the kernel's default mask: an ENOSYS would turn poll off for the whole mount.
+void op_poll(fuse_req_t req, fuse_ino_t, fuse_file_info *fi, fuse_pollhandle *ph)
+{
+	FsState &fs = state(req);
+	if (!(fi->fh & kCmFh)) {
+		if (ph)
+			fuse_pollhandle_destroy(ph);
+		fuse_reply_poll(req, POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM);
+		return;
+	}
+	const uint64_t channel = fi->fh & ~kCmFh;
+	if (ph)
+		fs.cm_files.set_poll(channel, ph);
+	fuse_reply_poll(req, fs.cm->readable(channel) ? POLLIN | POLLRDNORM : 0);
 }
 
 const fuse_lowlevel_ops kOps = [] {
@@ -240,6 +477,7 @@ const fuse_lowlevel_ops kOps = [] {
 	ops.write = op_write;
 	ops.ioctl = op_ioctl;
 	ops.release = op_release;
+	ops.poll = op_poll;
 	return ops;
 }();
 
@@ -247,14 +485,16 @@ FsState *g_state = nullptr;
 
 }  // namespace
 
-FuseFs::FuseFs(Daemon &daemon, std::string mountpoint)
-	: daemon_(daemon), mountpoint_(std::move(mountpoint))
+FuseFs::FuseFs(Daemon &daemon, CmService &cm, std::string mountpoint)
+	: daemon_(daemon), cm_(cm), mountpoint_(std::move(mountpoint))
 {
 }
 
 FuseFs::~FuseFs()
 {
 	unmount();
+	cm_.set_front_end(nullptr);
+	cm_.set_channel_of_fd(nullptr);
 	if (session_) {
 		fuse_remove_signal_handlers(session_);
 		fuse_session_destroy(session_);
@@ -265,7 +505,7 @@ FuseFs::~FuseFs()
 
 int FuseFs::mount()
 {
-	g_state = new FsState{&daemon_, {}, {}, {}, 2};
+	g_state = new FsState{&daemon_, &cm_, {}, 0, {}, {}, {}, 2};
 	const char *argv[] = {"xsrcd", "-o", "allow_other,default_permissions,fsname=xsrc,subtype=xsrc"};
 	fuse_args args = FUSE_ARGS_INIT(3, const_cast<char **>(argv));
 	session_ = fuse_session_new(&args, &kOps, sizeof(kOps), g_state);
@@ -277,6 +517,16 @@ int FuseFs::mount()
 	if (fuse_session_mount(session_, mountpoint_.c_str()) != 0)
 		return EIO;
 	mounted_ = true;
+	struct stat st{};
+	if (::stat(mountpoint_.c_str(), &st) == 0)
+		g_state->fs_dev = st.st_dev;
+	cm_.set_front_end(&g_state->cm_files);
+	cm_.set_channel_of_fd([](int fd) -> uint64_t {
+		struct stat fst{};
+		if (!g_state || ::fstat(fd, &fst) != 0 || fst.st_dev != g_state->fs_dev || !is_cm_file(fst.st_ino))
+			return 0;
+		return cm_channel_of(fst.st_ino);
+	});
 	return 0;
 }
 

@@ -9,11 +9,14 @@ struct fuse_session;
 
 namespace xsrc {
 
+class CmService;
 class Daemon;
 
 class FuseFs {
 public:
-	FuseFs(Daemon &daemon, std::string mountpoint);
+	// Serves the uverbs command files of `daemon`'s devices and the rdma_cm
+	// files of `cm` (a directory rdma_cm beside the device directories).
+	FuseFs(Daemon &daemon, CmService &cm, std::string mountpoint);
 	~FuseFs();  // unmounts if still mounted
 	FuseFs(const FuseFs &) = delete;
 	FuseFs &operator=(const FuseFs &) = delete;
@@ -27,6 +30,7 @@ public:
 
 private:
 	Daemon &daemon_;
+	CmService &cm_;
 	std::string mountpoint_;
 	struct fuse_session *session_ = nullptr;
 	bool mounted_ = false;

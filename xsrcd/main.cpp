@@ -21,6 +21,7 @@
 #include "control.h"
 #include "control_protocol.h"
 #include "daemon.h"
+#include "cm.h"
 #include "fuse_fs.h"
 #include "log.h"
 #include "netdev.h"
@@ -144,7 +145,8 @@ int main(int argc, char **argv)
 	{
 		xsrc::Daemon daemon(sysfs_root, fuse_root);
 		daemon.set_abi_revision(abi_revision);  // validated above
-		xsrc::FuseFs fuse(daemon, fuse_root);
+		xsrc::CmService cm(daemon);
+		xsrc::FuseFs fuse(daemon, cm, fuse_root);
 		if (int err = fuse.mount()) {
 			fprintf(stderr, "xsrcd: cannot mount the command file system at %s: %s\n",
 				fuse_root.c_str(), strerror(err));
