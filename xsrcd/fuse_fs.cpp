@@ -5,10 +5,12 @@
 #include <fuse3/fuse_lowlevel.h>
 #include <poll.h>
 #include <sys/mount.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -517,15 +519,17 @@ int FuseFs::mount()
 	if (fuse_session_mount(session_, mountpoint_.c_str()) != 0)
 		return EIO;
 	mounted_ = true;
-	struct stat st{};
-	if (::stat(mountpoint_.c_str(), &st) == 0)
-		g_state->fs_dev = st.st_dev;
+	// Not stat(): nothing serves this mount until run(). The mount table knows its device.
+	g_state->fs_dev = mount_device(mountpoint_);
 	cm_.set_front_end(&g_state->cm_files);
 	cm_.set_channel_of_fd([](int fd) -> uint64_t {
-		struct stat fst{};
-		if (!g_state || ::fstat(fd, &fst) != 0 || fst.st_dev != g_state->fs_dev || !is_cm_file(fst.st_ino))
+		// Cached attributes only: asking this file system would wait for the
+		// cm, whose lock the caller holds.
+		struct statx stx{};
+		if (!g_state || statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &stx) != 0 ||
+		    makedev(stx.stx_dev_major, stx.stx_dev_minor) != g_state->fs_dev || !is_cm_file(stx.stx_ino))
 			return 0;
-		return cm_channel_of(fst.st_ino);
+		return cm_channel_of(stx.stx_ino);
 	});
 	return 0;
 }
@@ -545,6 +549,22 @@ void FuseFs::unmount()
 	if (mounted_ && session_)
 		fuse_session_unmount(session_);
 	mounted_ = false;
+}
+
+dev_t mount_device(const std::string &mountpoint)
+{
+	std::ifstream info("/proc/self/mountinfo");
+	std::string line;
+	dev_t dev = 0;
+	while (std::getline(info, line)) {
+		std::istringstream fields(line);
+		std::string id, parent, devno, root, point;
+		fields >> id >> parent >> devno >> root >> point;
+		unsigned major = 0, minor = 0;
+		if (point == mountpoint && std::sscanf(devno.c_str(), "%u:%u", &major, &minor) == 2)
+			dev = makedev(major, minor);  // the last one: the mount on top
+	}
+	return dev;
 }
 
 bool unmount_stale(const std::string &mountpoint)

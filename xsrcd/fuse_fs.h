@@ -3,6 +3,8 @@
 // opens and write()s uverbs commands to that file.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 
 struct fuse_session;
@@ -35,6 +37,10 @@ private:
 	struct fuse_session *session_ = nullptr;
 	bool mounted_ = false;
 };
+
+// The device number of the topmost mount at `mountpoint` (0 if none), from
+// the mount table: stat() of a FUSE mount waits for its server.
+dev_t mount_device(const std::string &mountpoint);
 
 // Detaches a mount left behind by a daemon that died. Returns true if one was.
 bool unmount_stale(const std::string &mountpoint);
