@@ -339,6 +339,23 @@ TEST_F(Preload, EventFdClosedBehindItsBackIsNeverUsed)
 	close(reg);
 }
 
+// A daemon without event files (or one that refuses this one): the channel
+// still works, GET_EVENT included, on the channel file.
+TEST_F(Preload, WithoutAnEventFileGetEventGoesToTheChannel)
+{
+	int pre = open(channel().c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	ASSERT_GE(pre, 0);
+	close(pre);
+	fs::create_directory(event_file());  // opening it O_RDWR fails: EISDIR
+	int fd = open(kCmDevice, O_RDWR | O_CLOEXEC);
+	ASSERT_GE(fd, 0) << strerror(errno);
+	EXPECT_TRUE(is_char_device(fd));
+	const std::string get_event = command(RDMA_USER_CM_CMD_GET_EVENT, sizeof(rdma_ucm_get_event));
+	ASSERT_EQ(write_string(fd, get_event), static_cast<ssize_t>(get_event.size()));
+	EXPECT_EQ(slurp(channel()), get_event);
+	EXPECT_EQ(close(fd), 0);
+}
+
 TEST_F(Preload, OtherFilesAreUntouched)
 {
 	int reg = open_regular("plain");

@@ -204,10 +204,12 @@ void forget(int fd)
 	Channel *c = channel_of(fd);
 	if (!c)
 		return;
+	int saved = errno;  // the caller's close() or dup2() sets errno, we do not
 	int ev = live_event_fd(*c);
 	c->ino.store(0, std::memory_order_release);
 	if (c->event_fd.exchange(-1) == ev && ev >= 0)
 		sys_close(ev);
+	errno = saved;
 }
 
 bool is_channel_file(int fd, const Channel &c)
