@@ -7,6 +7,7 @@
 #include <rdma/rdma_user_cm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -258,6 +259,31 @@ TEST_F(Preload, MirrorsTheChannelsNonblockOntoTheEventFd)
 	ASSERT_EQ(write_string(fd, get_event), static_cast<ssize_t>(get_event.size()));
 	EXPECT_FALSE(fcntl(ev, F_GETFL) & O_NONBLOCK);
 	EXPECT_EQ(slurp(event_file()), get_event + get_event);
+	close(fd);
+}
+
+// After fork() parent and child share both open files; what the child
+// mirrored, the parent sees (and corrects) on its next GET_EVENT.
+TEST_F(Preload, MirroringFollowsTheEventFileAcrossFork)
+{
+	int fd = open(kCmDevice, O_RDWR | O_CLOEXEC);
+	ASSERT_GE(fd, 0);
+	int ev = event_fd();
+	ASSERT_GE(ev, 0);
+	const std::string get_event = command(RDMA_USER_CM_CMD_GET_EVENT, sizeof(rdma_ucm_get_event));
+	pid_t child = fork();
+	ASSERT_GE(child, 0);
+	if (child == 0) {
+		bool ok = fcntl(fd, F_SETFL, O_NONBLOCK) == 0 && write_string(fd, get_event) > 0 &&
+			  (fcntl(ev, F_GETFL) & O_NONBLOCK);
+		_exit(ok ? 0 : 1);
+	}
+	int status = -1;
+	ASSERT_EQ(waitpid(child, &status, 0), child);
+	ASSERT_EQ(status, 0) << "the child's GET_EVENT was not mirrored";
+	ASSERT_EQ(fcntl(fd, F_SETFL, 0), 0);
+	ASSERT_EQ(write_string(fd, get_event), static_cast<ssize_t>(get_event.size()));
+	EXPECT_FALSE(fcntl(ev, F_GETFL) & O_NONBLOCK) << "a blocking channel left a non-blocking event file";
 	close(fd);
 }
 

@@ -158,7 +158,6 @@ struct Channel {
 	std::atomic<int> event_fd{-1};        // -1: GET_EVENT goes to the channel file
 	std::atomic<uint64_t> event_ino{0};
 	std::atomic<uint64_t> event_dev{0};
-	std::atomic<int> event_nonblock{0};   // the O_NONBLOCK last set on event_fd
 };
 
 Channel g_channels[kMaxTrackedFd];
@@ -172,14 +171,13 @@ Channel *channel_of(int fd)
 }
 
 // Published last: ino != 0 makes the entry live.
-void track(int fd, const FileId &channel, dev_t rdev, int event_fd, const FileId &event, int nonblock)
+void track(int fd, const FileId &channel, dev_t rdev, int event_fd, const FileId &event)
 {
 	Channel &c = g_channels[fd];
 	c.dev.store(channel.dev, std::memory_order_relaxed);
 	c.rdev.store(rdev, std::memory_order_relaxed);
 	c.event_ino.store(event.ino, std::memory_order_relaxed);
 	c.event_dev.store(event.dev, std::memory_order_relaxed);
-	c.event_nonblock.store(nonblock, std::memory_order_relaxed);
 	c.event_fd.store(event_fd, std::memory_order_relaxed);
 	c.ino.store(channel.ino, std::memory_order_release);
 }
@@ -231,13 +229,11 @@ int event_fd_for_get_event(int fd, Channel &c)
 	int ev = live_event_fd(c);
 	if (ev < 0)
 		return -1;
-	int flags = fcntl(fd, F_GETFL);
-	int nonblock = flags < 0 ? 0 : flags & O_NONBLOCK;
-	if (nonblock != c.event_nonblock.load(std::memory_order_relaxed)) {
-		int event_flags = fcntl(ev, F_GETFL);
-		if (event_flags >= 0 && fcntl(ev, F_SETFL, (event_flags & ~O_NONBLOCK) | nonblock) == 0)
-			c.event_nonblock.store(nonblock, std::memory_order_relaxed);
-	}
+	// The event file's own flags, not a cached copy: after a fork both
+	// processes share (and may change) the two open files.
+	int flags = fcntl(fd, F_GETFL), event_flags = fcntl(ev, F_GETFL);
+	if (flags >= 0 && event_flags >= 0 && (flags ^ event_flags) & O_NONBLOCK)
+		fcntl(ev, F_SETFL, (event_flags & ~O_NONBLOCK) | (flags & O_NONBLOCK));
 	return ev;
 }
 
@@ -328,7 +324,7 @@ bool open_cm_device(int flags, int &result)
 		sys_close(event);
 		event = -1;
 	}
-	track(channel, channel_id, cm_rdev(), event, event_id, flags & O_NONBLOCK);
+	track(channel, channel_id, cm_rdev(), event, event_id);
 	result = channel;
 	return true;
 }
