@@ -8,6 +8,7 @@ namespace xsrc::cli {
 // libibverbs loads "<RDMAV_DRIVERS entry>-rdmav34.so" for an absolute entry.
 static constexpr const char *kProviderStem = "libxsrc";
 static constexpr const char *kProviderSuffix = "-rdmav34.so";
+static constexpr const char *kPreloadLibrary = "libxsrc-preload.so";
 
 std::string errno_text(int err)
 {
@@ -46,6 +47,31 @@ std::string uninstalled_provider_driver()
 	if (ec || !fs::exists(lib / (std::string(kProviderStem) + kProviderSuffix), ec))
 		return {};
 	return (lib / kProviderStem).string();
+}
+
+fs::path preload_library()
+{
+	std::error_code ec;
+	fs::path lib = fs::canonical(self_exe_dir() / ".." / "lib", ec);
+	if (!ec && fs::exists(lib / kPreloadLibrary, ec))
+		return lib / kPreloadLibrary;
+	fs::path installed = XSRC_INSTALLED_PRELOAD;
+	return fs::exists(installed, ec) ? installed : fs::path();
+}
+
+std::string preload_with(const std::string &library, const std::string &current)
+{
+	std::string out = library;
+	for (size_t pos = 0; pos < current.size();) {
+		size_t end = current.find_first_of(" :", pos);
+		if (end == std::string::npos)
+			end = current.size();
+		std::string entry = current.substr(pos, end - pos);
+		if (!entry.empty() && entry != library)
+			out += " " + entry;
+		pos = end + 1;
+	}
+	return out;
 }
 
 }  // namespace xsrc::cli

@@ -54,4 +54,13 @@ fs::path self_exe_dir();
 // build/bin), or empty when the provider is installed.
 std::string uninstalled_provider_driver();
 
+// libxsrc-preload.so (tools/preload), which gives librdmacm programs the
+// rdma_cm device: the one built next to this xsrc, else the installed one;
+// empty when there is neither.
+fs::path preload_library();
+
+// LD_PRELOAD with `library` first and only once, the entries of `current`
+// (space- or colon-separated, as ld.so takes them) kept in their order.
+std::string preload_with(const std::string &library, const std::string &current);
+
 }  // namespace xsrc::cli

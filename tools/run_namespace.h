@@ -7,7 +7,9 @@
 namespace xsrc::cli {
 
 // The class directories of the view that replace (or join) the real ones.
-inline constexpr const char *kViewClasses[] = {"infiniband", "infiniband_verbs"};
+// infiniband_ucma: librdmacm's rdma_cm ABI file, and where libxsrc-preload.so
+// finds xsrcd's cm channels.
+inline constexpr const char *kViewClasses[] = {"infiniband", "infiniband_verbs", "infiniband_ucma"};
 
 // Moves the calling process into a new mount namespace whose /sys/class is a
 // tmpfs holding a bind mount of every real class directory plus the view's

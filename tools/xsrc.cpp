@@ -44,10 +44,11 @@ Commands:
   down [--name NAME]              remove device NAME; without --name remove
                                   every device and stop xsrcd
   status                          list the devices that are up
-  env                             print the environment verbs programs need:
-                                  eval "$(xsrc env)"
+  env                             print the environment verbs and rdma_cm
+                                  programs need: eval "$(xsrc env)"
   run [--] CMD [ARGS...]          run CMD with the devices also visible under
                                   /sys/class/infiniband (private mount namespace)
+                                  and the rdma_cm device (LD_PRELOAD)
   help                            print this help
 
 Options:
@@ -56,6 +57,8 @@ Options:
 Environment:
   XSRC_DEBUG=1    passed on to the xsrcd that up starts: it logs each refused
                   command, and why, to xsrcd.log in the run directory
+  LD_PRELOAD      kept by env and run, after libxsrc-preload.so (which gives
+                  dynamically linked, not setuid, programs /dev/infiniband/rdma_cm)
 
 up, down and run must be run as root.
 Exit status: 0 success, 1 failure, 2 usage error, 3 xsrcd is not running (status).
@@ -391,6 +394,12 @@ int command_env(const Options &opts)
 	std::cout << "export SYSFS_PATH=" << shell_quote(run.sysfs().string()) << "\n";
 	if (std::string driver = uninstalled_provider_driver(); !driver.empty())
 		std::cout << "export RDMAV_DRIVERS=" << shell_quote(driver) << "\n";
+	// The shell's LD_PRELOAD is kept (after ours), and a second eval adds nothing.
+	if (fs::path lib = preload_library(); !lib.empty()) {
+		const std::string quoted = shell_quote(lib.string());
+		std::cout << "case \" ${LD_PRELOAD-} \" in *[\\ :]" << quoted << "[\\ :]*) ;; *) export LD_PRELOAD="
+			  << quoted << "\"${LD_PRELOAD:+ $LD_PRELOAD}\" ;; esac\n";
+	}
 	return 0;
 }
 
@@ -420,6 +429,10 @@ int command_run(const Options &opts)
 	}
 	if (std::string driver = uninstalled_provider_driver(); !driver.empty())
 		setenv("RDMAV_DRIVERS", driver.c_str(), 1);
+	if (fs::path lib = preload_library(); !lib.empty()) {
+		const char *current = std::getenv("LD_PRELOAD");
+		setenv("LD_PRELOAD", preload_with(lib.string(), current ? current : "").c_str(), 1);
+	}
 
 	// exec in place: CMD's exit status, or its death by a signal, is ours.
 	std::vector<char *> argv;

@@ -113,6 +113,13 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 		error = std::string("cannot write the sysfs view: ") + strerror(err);
 		return err;
 	}
+	// rdma_cm is one device for all (as the kernel's): up while any device is.
+	if (int err = sysfs_view_write_cm(sysfs_root_, fuse_root_ + "/" + kCmDirName)) {
+		sysfs_view_remove(sysfs_root_, dev->view);
+		devnode_remove(index);
+		error = std::string("cannot write the rdma_cm sysfs view: ") + strerror(err);
+		return err;
+	}
 	devices_.emplace(name, std::move(dev));
 	return 0;
 }
@@ -148,6 +155,8 @@ int Daemon::remove_device(const std::string &name)
 		return ENODEV;
 	detach_device_locked(*it->second);
 	devices_.erase(it);
+	if (devices_.empty())
+		sysfs_view_remove_cm(sysfs_root_);
 	return 0;
 }
 
@@ -157,6 +166,7 @@ void Daemon::remove_all_devices()
 	for (auto &[name, dev] : devices_)
 		detach_device_locked(*dev);
 	devices_.clear();
+	sysfs_view_remove_cm(sysfs_root_);
 }
 
 std::string Daemon::status()

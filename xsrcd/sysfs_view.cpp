@@ -262,6 +262,28 @@ int write_port(const fs::path &port_dir, const PortView &port)
 	return 0;
 }
 
+// device/net/<netdev>, the one entry there; without a netdev no device/ at all
+// (pyverbs takes a listed but empty device/net for a netdev named "").
+int write_device_net(const fs::path &device_dir, const std::string &netdev)
+{
+	const fs::path net = device_dir / "net";
+	std::error_code ec;
+	if (netdev.empty()) {
+		fs::remove_all(device_dir, ec);
+		return ec.value();
+	}
+	if (int err = make_dirs(net / netdev))
+		return err;
+	std::vector<fs::path> renamed;  // the entries of a netdev the device was bound to before
+	for (const fs::directory_entry &e : fs::directory_iterator(net, ec))
+		if (e.path().filename() != netdev)
+			renamed.push_back(e.path());
+	for (const fs::path &old : renamed)
+		if (!ec)
+			fs::remove_all(old, ec);
+	return ec.value();
+}
+
 }  // namespace
 
 int sysfs_view_write(const std::string &root, const DeviceView &dev)
@@ -298,6 +320,8 @@ int sysfs_view_write(const std::string &root, const DeviceView &dev)
 		return shm_err;
 	if (int err = write_port(ib / "ports" / std::to_string(kPort), dev.port))
 		return err;
+	if (int err = write_device_net(ib / "device", dev.port.netdev))
+		return err;
 
 	// uverbsN/ibdev last: libibverbs skips a uverbsN without it, so the device only
 	// becomes visible once everything it reads is in place.
@@ -329,6 +353,30 @@ int sysfs_view_remove(const std::string &root, const DeviceView &dev)
 		return ec.value();
 	fs::remove_all(ibdev_dir(root, dev), ec);
 	return ec.value();
+}
+
+int sysfs_view_write_cm(const std::string &root, const std::string &cm_dir)
+{
+	if (root.empty() || !fs::path(cm_dir).is_absolute() || cm_dir.find('\n') != std::string::npos)
+		return EINVAL;
+	const fs::path cls = fs::path(root) / kCmClassDir;
+	if (int err = make_dirs(cls))
+		return err;
+	if (int err = write_file(cls / "abi_version", std::to_string(kCmAbiVersion) + "\n"))
+		return err;
+	return write_file(cls / kCmDirFile, cm_dir + "\n");
+}
+
+int sysfs_view_remove_cm(const std::string &root)
+{
+	if (root.empty())
+		return EINVAL;
+	const fs::path cls = fs::path(root) / kCmClassDir;
+	// The preload's file first: a program that opens rdma_cm now gets ENOENT.
+	for (const char *name : {kCmDirFile, "abi_version"})
+		if (int err = remove_file(cls / name))
+			return err;
+	return ::rmdir(cls.c_str()) < 0 && errno != ENOENT ? errno : 0;
 }
 
 int devnode_create_in(const std::string &dir, unsigned uverbs_index)

@@ -1,5 +1,6 @@
 // The sysfs view that libibverbs reads when the kernel has no RDMA devices
-// ($SYSFS_PATH/class/infiniband{,_verbs}/...), and the /dev/infiniband node.
+// ($SYSFS_PATH/class/infiniband{,_verbs}/...), librdmacm's class/infiniband_ucma,
+// and the /dev/infiniband node.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,9 @@ struct DeviceView {
 // `root` (the future SYSFS_PATH): class/infiniband_verbs/abi_version,
 // class/infiniband_verbs/uverbsN/{ibdev,dev,abi_version},
 // class/infiniband/<ibdev>/{node_type,node_guid,sys_image_guid,fw_ver,
-// hw_rev,hca_type,board_id,node_desc,xsrc_cmd_dir,xsrc_shm_path,ports/1/...}.
+// hw_rev,hca_type,board_id,node_desc,xsrc_cmd_dir,xsrc_shm_path,ports/1/...},
+// and the directory class/infiniband/<ibdev>/device/net/<netdev> (pyverbs and
+// others list device/net to find a device's netdev; it follows port.netdev).
 // A file whose content is unchanged is not touched: libibverbs takes the mtime of
 // class/infiniband/<ibdev> as the device's identity, so only a change of a
 // top-level file makes running applications see a new device.
@@ -46,6 +49,21 @@ int sysfs_view_write(const std::string &root, const DeviceView &dev);
 
 // Removes that device's directories; leaves the class directories.
 int sysfs_view_remove(const std::string &root, const DeviceView &dev);
+
+// The rdma_cm device: librdmacm reads the ABI from class/misc/rdma_cm/abi_version,
+// else class/infiniband_ucma/abi_version (the view cannot replace the real
+// /sys/class/misc, so it provides the second); libxsrc-preload.so reads where
+// xsrcd serves the cm channels from class/infiniband_ucma/xsrc_cm_dir.
+inline constexpr const char *kCmClassDir = "class/infiniband_ucma";
+inline constexpr const char *kCmDirFile = "xsrc_cm_dir";
+inline constexpr const char *kCmDirName = "rdma_cm";  // <fuse root>/rdma_cm
+inline constexpr unsigned kCmAbiVersion = 4;         // RDMA_USER_CM_ABI_VERSION
+
+// Writes class/infiniband_ucma/{abi_version,xsrc_cm_dir} under `root`; `cm_dir`
+// must be absolute. Unchanged files are not touched. Returns 0 or an errno.
+int sysfs_view_write_cm(const std::string &root, const std::string &cm_dir);
+// Removes them and the class directory (while a device is up they stay).
+int sysfs_view_remove_cm(const std::string &root);
 
 // The character device libibverbs opens and passes on as cmd_fd: a node with
 // the numbers published in uverbsN/dev (1:3, the null device; the provider

@@ -160,7 +160,7 @@ our_mounts() {
 # `xsrc up`, ibv_devinfo, pingpong, `xsrc down`; then the unit's commands.
 # host: also leaves a daemon running for the purge to stop.
 device_part() {
-	local where=$1 pid env_line service_status
+	local where=$1 pid env_line service_status preload
 	local -a start_cmd post_cmd stop_cmd
 	BASE_MOUNTS=$(grep " $RUNDIR/" /proc/self/mountinfo || true)
 	say "xsrc up (installed CLI, installed daemon)"
@@ -172,6 +172,9 @@ device_part() {
 	sed 's/^/  | /' "$WORK/devinfo.txt" | head -12
 	check "ibv_devinfo finds xsrc0 with RDMAV_DRIVERS unset" grep -q 'hca_id:.*xsrc0' "$WORK/devinfo.txt"
 	check "two-process ibv_rc_pingpong -g 1 on xsrc0" pingpong
+	preload=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/xsrc/libxsrc-preload.so
+	check "xsrc run preloads the installed $preload (rdma_cm)" \
+		bash -c "'$XSRC' run -- cat /proc/self/maps | grep -q ' $preload\$'"
 	say "programs built against the installed -dev packages (pkg-config only)"
 	check "cc xrc_legacy_traffic.c \$(pkg-config --cflags --libs libibverbs-ext)" \
 		build_with_pkgconfig libibverbs-ext "$SRC/tests/xrc_legacy/xrc_legacy_traffic.c" "$WORK/xrc_legacy_traffic"
@@ -314,6 +317,7 @@ expected_deb_files() {
 	xsrc-provider)
 		echo ./etc/libibverbs.d/xsrc.driver
 		echo "./usr/lib/$MA/libibverbs/libxsrc-rdmav34.so"
+		echo "./usr/lib/$MA/xsrc/libxsrc-preload.so"
 		echo ./usr/share/man/man7/xsrc.7.gz
 		;;
 	xsrcd)
@@ -468,6 +472,8 @@ expected_rpm_files() {
 	xsrc-provider)
 		echo /etc/libibverbs.d/xsrc.driver
 		echo "$LIBDIR/libibverbs/libxsrc-rdmav34.so"
+		echo "$LIBDIR/xsrc"
+		echo "$LIBDIR/xsrc/libxsrc-preload.so"
 		echo /usr/share/man/man7/xsrc.7
 		;;
 	xsrcd)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -373,6 +374,64 @@ TEST_F(SysfsView, RemoveSparesUverbsDirOfAnotherDevice)
 	ASSERT_EQ(sysfs_view_remove(root_, stale), 0);
 	EXPECT_EQ(slurp(uv() / "ibdev"), "xsrc7\n");
 	EXPECT_TRUE(fs::exists(ib()));
+}
+
+// pyverbs (tests/base.py) runs `ls /sys/class/infiniband/<dev>/device/net/` and
+// takes the first name as the device's netdev.
+TEST_F(SysfsView, DeviceNetNamesTheNetdevAndFollowsIt)
+{
+	auto listing = [&] {
+		std::set<std::string> names;
+		for (const auto &e : fs::directory_iterator(ib() / "device/net"))
+			names.insert(e.path().filename().string());
+		return names;
+	};
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	EXPECT_TRUE(fs::is_directory(ib() / "device/net/lo"));
+	EXPECT_EQ(listing(), std::set<std::string>{"lo"});
+	const struct stat dir0 = stat_of(ib());
+	usleep(20 * 1000);
+
+	dev_.port.netdev = "eth9";  // the netdev was renamed, or the device rebound
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	EXPECT_EQ(listing(), std::set<std::string>{"eth9"});
+	EXPECT_TRUE(same_time(stat_of(ib()).st_mtim, dir0.st_mtim)) << "a netdev change made a new device";
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	EXPECT_EQ(listing(), std::set<std::string>{"eth9"});
+
+	dev_.port.netdev.clear();  // no netdev: no device/net, not an empty one
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	EXPECT_FALSE(fs::exists(ib() / "device"));
+	EXPECT_TRUE(fs::exists(uv() / "ibdev"));
+}
+
+// librdmacm's fallback reads class/infiniband_ucma/abi_version into 8 bytes and
+// takes strtol of it; the preload reads xsrc_cm_dir.
+TEST_F(SysfsView, CmClassFilesWrittenAndRemoved)
+{
+	const fs::path cls = root_ / kCmClassDir;
+	ASSERT_EQ(sysfs_view_write_cm(root_, "/run/xsrc/fs/rdma_cm"), 0);
+	char buf[8] = {};
+	ASSERT_GT(lib_read(root_, "class/infiniband_ucma/abi_version", buf, sizeof(buf)), 0);
+	EXPECT_EQ(std::strtol(buf, nullptr, 10), 4);
+	EXPECT_EQ(slurp(cls / "abi_version"), "4\n");
+	EXPECT_EQ(slurp(cls / "xsrc_cm_dir"), "/run/xsrc/fs/rdma_cm\n");
+	const struct stat file0 = stat_of(cls / "xsrc_cm_dir");
+	ASSERT_EQ(sysfs_view_write_cm(root_, "/run/xsrc/fs/rdma_cm"), 0);
+	EXPECT_EQ(stat_of(cls / "xsrc_cm_dir").st_ino, file0.st_ino);  // unchanged: untouched
+	EXPECT_EQ(stat_of(cls).st_mode & 07777, 0755u);
+	EXPECT_EQ(file0.st_mode & 07777, 0444u);
+
+	EXPECT_EQ(sysfs_view_write_cm(root_, "relative/rdma_cm"), EINVAL);
+	EXPECT_EQ(sysfs_view_write_cm(root_, "/a\nb"), EINVAL);
+	EXPECT_EQ(sysfs_view_write_cm("", "/run/xsrc/fs/rdma_cm"), EINVAL);
+	EXPECT_EQ(slurp(cls / "xsrc_cm_dir"), "/run/xsrc/fs/rdma_cm\n");
+
+	ASSERT_EQ(sysfs_view_write(root_, dev_), 0);
+	ASSERT_EQ(sysfs_view_remove_cm(root_), 0);
+	EXPECT_FALSE(fs::exists(cls));
+	EXPECT_TRUE(fs::exists(uv() / "ibdev"));  // the devices' view is not the cm's
+	EXPECT_EQ(sysfs_view_remove_cm(root_), 0);  // already gone: nothing to do
 }
 
 class Devnode : public SysfsView {
