@@ -18,6 +18,7 @@ PRELOAD = os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(XSRC)),
 # A preload the user already had (rsockets' librspreload.so, say); ld.so warns
 # that it cannot load it and goes on.
 USER_PRELOAD = "/nonexistent/librspreload.so"
+RSPRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"  # librdmacm1's, on amd64
 
 
 def env_with(**changes):
@@ -66,6 +67,12 @@ class PreloadEnvTest(unittest.TestCase):
                          PRELOAD)
         maps = in_run("cat", "/proc/self/maps", env=env_with(LD_PRELOAD=None))
         self.assertIn(PRELOAD, maps, "the program run does not have the interposer loaded")
+
+    @unittest.skipUnless(os.path.exists(RSPRELOAD), f"no {RSPRELOAD}")
+    def test_run_loads_rsockets_preload_beside_it(self):
+        maps = in_run("cat", "/proc/self/maps", env=env_with(LD_PRELOAD=RSPRELOAD))
+        self.assertIn(PRELOAD, maps)
+        self.assertIn(os.path.realpath(RSPRELOAD), maps)
 
     def test_run_keeps_the_users_preload_and_never_adds_twice(self):
         for before, after in [(USER_PRELOAD, f"{PRELOAD} {USER_PRELOAD}"),
