@@ -81,6 +81,13 @@ class PreloadEnvTest(unittest.TestCase):
             out = in_run("sh", "-c", 'printf %s "$LD_PRELOAD"', env=env_with(LD_PRELOAD=before))
             self.assertEqual(out, after, f"LD_PRELOAD={before!r}")
 
+    def test_run_lets_asan_programs_start_behind_the_preload(self):
+        for before, after in [(None, "verify_asan_link_order=0"),
+                              ("detect_leaks=0", "detect_leaks=0:verify_asan_link_order=0"),
+                              ("verify_asan_link_order=1", "verify_asan_link_order=1")]:
+            out = in_run("sh", "-c", 'printf %s "$ASAN_OPTIONS"', env=env_with(ASAN_OPTIONS=before))
+            self.assertEqual(out, after, f"ASAN_OPTIONS={before!r}")
+
     def test_env_keeps_the_users_preload_and_never_adds_twice(self):
         script = 'eval "$("$XSRC" env)" && eval "$("$XSRC" env)" && printf %s "$LD_PRELOAD"'
         for shell in ("sh", "bash"):
