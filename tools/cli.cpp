@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 namespace xsrc::cli {
 
@@ -53,10 +54,15 @@ fs::path preload_library()
 {
 	std::error_code ec;
 	fs::path lib = fs::canonical(self_exe_dir() / ".." / "lib", ec);
-	if (!ec && fs::exists(lib / kPreloadLibrary, ec))
-		return lib / kPreloadLibrary;
-	fs::path installed = XSRC_INSTALLED_PRELOAD;
-	return fs::exists(installed, ec) ? installed : fs::path();
+	fs::path found = !ec && fs::exists(lib / kPreloadLibrary, ec) ? lib / kPreloadLibrary : XSRC_INSTALLED_PRELOAD;
+	if (!fs::exists(found, ec))
+		return {};
+	if (found.string().find_first_of(" :") != std::string::npos) {  // ld.so splits LD_PRELOAD there
+		std::cerr << "xsrc: note: " << found.string() << " cannot go into LD_PRELOAD (a space or colon "
+			  << "in its path); programs get no rdma_cm device\n";
+		return {};
+	}
+	return found;
 }
 
 std::string preload_with(const std::string &library, const std::string &current)

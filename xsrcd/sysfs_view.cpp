@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <rdma/rdma_user_cm.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr unsigned kPort = 1;
+static_assert(kCmAbiVersion == RDMA_USER_CM_ABI_VERSION, "the rdma_cm ABI xsrcd announces");
 constexpr mode_t kDirMode = 0755;
 constexpr mode_t kFileMode = 0444;
 // libibverbs reads names into 64-byte buffers (IBV_SYSFS_NAME_MAX).

@@ -18,6 +18,7 @@ PRELOAD = os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(XSRC)),
 # A preload the user already had (rsockets' librspreload.so, say); ld.so warns
 # that it cannot load it and goes on.
 USER_PRELOAD = "/nonexistent/librspreload.so"
+RSPRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"  # librdmacm1's, on amd64
 
 
 def env_with(**changes):
@@ -67,12 +68,25 @@ class PreloadEnvTest(unittest.TestCase):
         maps = in_run("cat", "/proc/self/maps", env=env_with(LD_PRELOAD=None))
         self.assertIn(PRELOAD, maps, "the program run does not have the interposer loaded")
 
+    @unittest.skipUnless(os.path.exists(RSPRELOAD), f"no {RSPRELOAD}")
+    def test_run_loads_rsockets_preload_beside_it(self):
+        maps = in_run("cat", "/proc/self/maps", env=env_with(LD_PRELOAD=RSPRELOAD))
+        self.assertIn(PRELOAD, maps)
+        self.assertIn(os.path.realpath(RSPRELOAD), maps)
+
     def test_run_keeps_the_users_preload_and_never_adds_twice(self):
         for before, after in [(USER_PRELOAD, f"{PRELOAD} {USER_PRELOAD}"),
                               (f"{USER_PRELOAD}:{PRELOAD}", f"{PRELOAD} {USER_PRELOAD}"),
                               (f"{PRELOAD} /a.so /b.so", f"{PRELOAD} /a.so /b.so")]:
             out = in_run("sh", "-c", 'printf %s "$LD_PRELOAD"', env=env_with(LD_PRELOAD=before))
             self.assertEqual(out, after, f"LD_PRELOAD={before!r}")
+
+    def test_run_lets_asan_programs_start_behind_the_preload(self):
+        for before, after in [(None, "verify_asan_link_order=0"),
+                              ("detect_leaks=0", "detect_leaks=0:verify_asan_link_order=0"),
+                              ("verify_asan_link_order=1", "verify_asan_link_order=1")]:
+            out = in_run("sh", "-c", 'printf %s "$ASAN_OPTIONS"', env=env_with(ASAN_OPTIONS=before))
+            self.assertEqual(out, after, f"ASAN_OPTIONS={before!r}")
 
     def test_env_keeps_the_users_preload_and_never_adds_twice(self):
         script = 'eval "$("$XSRC" env)" && eval "$("$XSRC" env)" && printf %s "$LD_PRELOAD"'
