@@ -107,7 +107,8 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_arena_header, mr_table_off, 32, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, srq_table_off, 40, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, atomic_locks_off, 48, 8),
-	XSRC_PIN_FIELD(xsrc_arena_header, reserved2, 56, 16),
+	XSRC_PIN_FIELD(xsrc_arena_header, mcast_table_off, 56, 8),  // r3, was reserved2[0]
+	XSRC_PIN_FIELD(xsrc_arena_header, reserved2, 64, 8),
 	XSRC_PIN_STRUCT(xsrc_qp_entry, 184, 8),
 	XSRC_PIN_FIELD(xsrc_qp_entry, state, 0, 4),
 	XSRC_PIN_FIELD(xsrc_qp_entry, qpn, 4, 4),
@@ -209,6 +210,17 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_recv_wqe, wr_id, 8, 8),
 	XSRC_PIN_FIELD(xsrc_recv_wqe, num_sge, 16, 4),
 	XSRC_PIN_FIELD(xsrc_recv_wqe, reserved, 20, 4),
+	// r3: multicast
+	XSRC_PIN_STRUCT(xsrc_mcast_group, 320, 8),
+	XSRC_PIN_FIELD(xsrc_mcast_group, seq, 0, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_group, num_qps, 4, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_group, gid, 8, 16),
+	XSRC_PIN_FIELD(xsrc_mcast_group, qpns, 24, 256),
+	XSRC_PIN_FIELD(xsrc_mcast_group, reserved, 280, 40),
+	XSRC_PIN_STRUCT(xsrc_mcast_table, 64, 8),
+	XSRC_PIN_FIELD(xsrc_mcast_table, num_groups, 0, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_table, scan_end, 4, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_table, reserved, 8, 56),
 };
 
 #undef XSRC_PIN_STRUCT
