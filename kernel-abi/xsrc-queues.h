@@ -240,6 +240,21 @@ struct xsrc_recv_wqe {
  * is unchanged after an acquire fence; else it reads again. A free entry has
  * num_qps == 0. The daemon puts a new group in the lowest free entry.
  */
+/* A GID that names a multicast group: IPv6 ff00::/8, or IPv4-mapped
+ * ::ffff:224.0.0.0/4 (the GID RoCE v2 gives an IPv4 group), as the kernel's
+ * rdma_is_multicast_addr() decides. `gid` is 16 bytes, as union ibv_gid. */
+static inline int xsrc_is_multicast_gid(const __u8 *gid)
+{
+	int i;
+
+	if (gid[0] == 0xff)
+		return 1;
+	for (i = 0; i < 10; ++i)
+		if (gid[i])
+			return 0;
+	return gid[10] == 0xff && gid[11] == 0xff && (gid[12] & 0xf0) == 0xe0;
+}
+
 struct xsrc_mcast_group {
 	__u32 seq;            /* atomic; odd while the entry changes */
 	__u32 num_qps;        /* members: qpns[0, num_qps); 0 = a free entry */

@@ -23,21 +23,6 @@ namespace {
 
 using GidBytes = std::array<uint8_t, 16>;
 
-// A multicast address as the kernel's rdma_is_multicast_addr() sees one:
-// IPv6 ff00::/8, or IPv4-mapped 224.0.0.0/4 (the GID rdma_cm gives an IPv4
-// group on RoCE v2).
-bool is_multicast_gid(const GidBytes &g)
-{
-	constexpr uint8_t kIpv6Multicast = 0xff;
-	constexpr size_t kV4MappedPrefix = 10;  // zero bytes, then 0xffff, then the IPv4 address
-	constexpr uint8_t kIpv4MulticastMask = 0xf0, kIpv4Multicast = 0xe0;
-	if (g[0] == kIpv6Multicast)
-		return true;
-	bool v4_mapped = std::all_of(g.begin(), g.begin() + kV4MappedPrefix, [](uint8_t b) { return b == 0; }) &&
-			 g[kV4MappedPrefix] == 0xff && g[kV4MappedPrefix + 1] == 0xff;
-	return v4_mapped && (g[kV4MappedPrefix + 2] & kIpv4MulticastMask) == kIpv4Multicast;
-}
-
 // Rewrites a group's arena entry under its sequence lock: the members, or
 // (none) a free entry.
 void publish_group(Arena &arena, uint32_t entry, const GidBytes &gid, const std::vector<Qpn> &members)
@@ -122,7 +107,7 @@ int cmd_attach_mcast(Context &ctx, Caller &, const Request &req)
 		return err;
 	if (r.qp->qp_type != IBV_QPT_UD)
 		return refuse(EINVAL, "multicast needs a UD QP");
-	if (!is_multicast_gid(r.gid.raw))
+	if (!xsrc_is_multicast_gid(r.gid.raw.data()))
 		return refuse(EINVAL, "not a multicast GID (ff00::/8 or ::ffff:224.0.0.0/4)");
 	if (std::ranges::find(r.qp->mcast_groups, r.gid) != r.qp->mcast_groups.end())
 		return 0;  // attached already: the kernel answers 0 and changes nothing

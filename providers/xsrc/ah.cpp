@@ -31,7 +31,7 @@ ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		return nullptr;
 	}
 	ah->engine = xsrc_route(pd->context, *attr);
-	ah->multicast = attr->is_global && xsrc_gid_is_multicast(attr->grh.dgid);
+	ah->multicast = attr->is_global && xsrc_is_multicast_gid(attr->grh.dgid.raw);
 	return &ah->ah;
 }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 namespace {
 
@@ -22,7 +23,7 @@ const char *mcast_refusal_reason(const ibv_qp *qp, const ibv_gid &gid, int err)
 {
 	if (err == EINVAL && qp->qp_type != IBV_QPT_UD)
 		return "multicast needs a UD QP";
-	if (err == EINVAL && !xsrc_gid_is_multicast(gid))
+	if (err == EINVAL && !xsrc_is_multicast_gid(gid.raw))
 		return "not a multicast GID (ff00::/8 or ::ffff:224.0.0.0/4)";
 	if (err == ENOMEM)
 		return "a multicast limit of the device (ibv_devinfo -v: max_mcast_*)";
@@ -37,19 +38,6 @@ void log_mcast_gid(verbs_context *vctx, const char *op, const ibv_qp *qp, const 
 }
 
 }  // namespace
-
-bool xsrc_gid_is_multicast(const ibv_gid &gid) noexcept
-{
-	constexpr uint8_t kIpv6Multicast = 0xff;
-	constexpr size_t kV4MappedPrefix = 10;  // zero bytes, then 0xffff, then the IPv4 address
-	constexpr uint8_t kIpv4MulticastMask = 0xf0, kIpv4Multicast = 0xe0;
-	const uint8_t *g = gid.raw;
-	if (g[0] == kIpv6Multicast)
-		return true;
-	bool v4_mapped = std::all_of(g, g + kV4MappedPrefix, [](uint8_t b) { return b == 0; }) &&
-			 g[kV4MappedPrefix] == 0xff && g[kV4MappedPrefix + 1] == 0xff;
-	return v4_mapped && (g[kV4MappedPrefix + 2] & kIpv4MulticastMask) == kIpv4Multicast;
-}
 
 int xsrc_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid)
 {

@@ -46,7 +46,8 @@ const xsrc_transport *xsrc_route(ibv_context *ibctx, const ibv_ah_attr &ah)
 {
 	const xsrc_transport *local = to_xsrc_ctx(ibctx)->transport;
 	// Without a GRH the destination is on this port (the device's own LID).
-	if (!ah.is_global || xsrc_gid_is_multicast(ah.grh.dgid) || xsrc_gid_is_local(ibctx, ah.port_num, ah.grh.dgid))
+	if (!ah.is_global || xsrc_is_multicast_gid(ah.grh.dgid.raw) ||
+	    xsrc_gid_is_local(ibctx, ah.port_num, ah.grh.dgid))
 		return local;
 	return &xsrc_unrouted_transport;
 }

@@ -253,8 +253,6 @@ int xsrc_destroy_ah(ibv_ah *ah);
 // sender reads their members from the arena's table.
 int xsrc_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
 int xsrc_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
-// IPv6 ff00::/8 or IPv4-mapped 224.0.0.0/4, as the kernel's rdma_is_multicast_addr().
-bool xsrc_gid_is_multicast(const ibv_gid &gid) noexcept;
 // The members of group `gid` on the device, each once: copied into `out`,
 // their number returned (0: no such group, or no multicast).
 size_t xsrc_mcast_members(const xsrc_context *ctx, const ibv_gid &gid,
