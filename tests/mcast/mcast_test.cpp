@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -258,6 +259,12 @@ int receiver_main(Link &link, const std::string &device)
 					for (uint64_t k = 0; k < n; ++k)
 						failed += (node.attach(q, g) != 0) + (node.detach(q, g) != 0);
 					reply.set("failed", failed);
+				} else if (cmd == "send") {
+					std::string codes;
+					for (ibv_wc_status st : node.send(m->u64("qp"), gid_from_hex(m->str("gid")),
+									  uint32_t(m->u64("count")), uint32_t(m->u64("first"))))
+						codes += std::to_string(st) + ",";
+					reply.set("statuses", codes);
 				} else if (cmd == "recv") {
 					node.post_recvs(m->u64("qp"), uint32_t(m->u64("n")));
 				} else if (cmd == "received") {
@@ -281,6 +288,7 @@ int receiver_main(Link &link, const std::string &device)
 class Receiver {
 public:
 	explicit Receiver(const std::string &device) : child_(Child::spawn("--receiver", {device})) {}
+	explicit Receiver(Child child) : child_(std::move(child)) {}
 	~Receiver()
 	{
 		if (child_.running()) {
@@ -316,6 +324,12 @@ public:
 		return int(call(Msg("detach").set("qp", qp).set("gid", gid_hex(g))).i64("err"));
 	}
 	void post_recvs(size_t qp, uint32_t n) { call(Msg("recv").set("qp", qp).set("n", n)); }
+	// The send completions' statuses, "0,0,...," for successes.
+	std::string send(size_t qp, const ibv_gid &g, uint32_t count, uint32_t first)
+	{
+		return call(Msg("send").set("qp", qp).set("gid", gid_hex(g)).set("count", count).set("first", first))
+			.str("statuses");
+	}
 	std::string received(size_t qp, size_t max, std::chrono::milliseconds timeout)
 	{
 		return call(Msg("received").set("qp", qp).set("max", max).set("ms", timeout.count())).str("got");
@@ -449,6 +463,33 @@ TEST(Mcast, DetachAndMissingReceives)
 	for (ibv_wc_status st : me.send(sender, kGroupV4, 2, 30))
 		EXPECT_EQ(st, IBV_WC_SUCCESS) << "a group with no members";
 	EXPECT_EQ(peer.received(empty, 1, 200ms), "");
+}
+
+// A sender of another user (which may not write into a member's memory
+// itself: the device moves the bytes, XSRC_CMD_COPY) reaches members of both
+// users, each once.
+TEST(Mcast, ReachesMembersOfAnotherUser)
+{
+	if (getuid() != 0)
+		GTEST_SKIP() << "needs root, to run the other side as uid 65534";
+	constexpr uid_t kNobody = 65534;
+	// Forked before this process opens the device.
+	Receiver nobody(Child::run([](Link &link) {
+		if (setgroups(0, nullptr) || setresgid(kNobody, kNobody, kNobody) || setresuid(kNobody, kNobody, kNobody))
+			return 3;
+		return receiver_main(link, device());
+	}));
+	Node me(device());
+	size_t root_member = me.ud_qp(kQkey, kRecvs);
+	ASSERT_EQ(me.attach(root_member, kGroupV4), 0);
+	uint32_t sqpn;
+	size_t sender = nobody.qp(kQkey, 0, &sqpn);
+	size_t own_member = nobody.qp(kQkey, kRecvs);
+	ASSERT_EQ(nobody.attach(own_member, kGroupV4), 0);
+	ASSERT_EQ(nobody.send(sender, kGroupV4, 3, 0), "0,0,0,");
+	ibv_gid sgid = me.gid();  // the same port's GID
+	EXPECT_EQ(me.received(root_member, 4, 2s), expected(0, 3, 64, sqpn, kGroupV4, sgid));
+	EXPECT_EQ(nobody.received(own_member, 4, 2s), expected(0, 3, 64, sqpn, kGroupV4, sgid));
 }
 
 // Members come and go while a sender sends: the daemon rewrites the group's
