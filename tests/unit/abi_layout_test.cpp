@@ -339,5 +339,32 @@ TEST(AbiLayout, EveryR1StructIsAPrefixOfTodays)
 	}
 }
 
+// Revision 3 changed the arena only by appending: every revision-2 struct
+// has its size, every field of the r2 header is where it was, and the r2
+// reserved word that became mcast_table_off is covered exactly by today's
+// fields. The version a revision-2 provider checks is unchanged.
+TEST(AbiLayout, TheArenaOfRevisionTwoIsUnmovedInToday)
+{
+	EXPECT_EQ(r2_arena_version(), uint32_t(XSRC_ARENA_VERSION));
+	for (const LayoutRow &old : r2_arena_layout()) {
+		SCOPED_TRACE(name_of(old));
+		const Pin *now = find_pin(old.type, old.field);
+		if (!old.field) {
+			ASSERT_NE(now, nullptr);
+			EXPECT_EQ(now->actual.size, old.size);
+			continue;
+		}
+		if (now && now->actual.offset == old.offset && now->actual.size == old.size)
+			continue;
+		ASSERT_EQ(std::string(old.field).rfind("reserved", 0), 0u) << "only reserved bytes may take a new name";
+		size_t covered = 0;
+		for (const Pin &pin : kPins)
+			if (pin.actual.field && std::string(pin.actual.type) == old.type &&
+			    pin.actual.offset >= old.offset && pin.actual.offset + pin.actual.size <= old.offset + old.size)
+				covered += pin.actual.size;
+		EXPECT_EQ(covered, old.size) << "the reserved bytes are not tiled by today's fields";
+	}
+}
+
 }  // namespace
 }  // namespace xsrc::abi_test
