@@ -31,8 +31,10 @@
 
 /* The revision within the generation: which appended fields and private
  * commands exist. Reported by the daemon in xsrc_get_context_resp::driver_abi
- * (revision 1 daemons report 1 there too). See README.md in this directory. */
-#define XSRC_DRIVER_ABI_REVISION 2
+ * (revision 1 daemons report 1 there too). See README.md in this directory.
+ * Revision 3 added UD multicast: the ATTACH_MCAST / DETACH_MCAST commands and
+ * the arena's multicast table (xsrc-queues.h, xsrc_mcast_table). */
+#define XSRC_DRIVER_ABI_REVISION 3
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6

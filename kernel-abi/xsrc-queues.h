@@ -11,6 +11,10 @@
  * accessed with atomic operations (acquire/release as documented).
  *
  * Version history: XSRC_ARENA_VERSION 1 (driver ABI 1) — initial layout.
+ * Driver ABI revision 3 appended the multicast table (mcast_table_off, in
+ * what was the header's first reserved word): still version 1, since a
+ * provider that predates it never reads that word and the table is only
+ * found through it. Frozen earlier formats: history/rN/xsrc-queues.h.
  */
 #ifndef XSRC_QUEUES_H
 #define XSRC_QUEUES_H
@@ -29,6 +33,10 @@
 #define XSRC_ATOMIC_LOCKS 4096    /* device-wide lock table for IBV_ATOMIC_HCA */
 #define XSRC_MAX_RECV_SGE 32      /* == max_sge; bounds xsrc_recv_wqe */
 #define XSRC_MAX_MSG_SIZE (1U << 31) /* == port max_msg_sz */
+#define XSRC_MCAST_GROUPS 1024    /* == max_mcast_grp (revision 3) */
+#define XSRC_MCAST_GROUP_QPS 64   /* == max_mcast_qp_attach (revision 3) */
+/* The QPN a UD send names to reach a multicast group (IBTA 10.5.2.1). */
+#define XSRC_MCAST_QPN 0xFFFFFF
 
 /* QPN = XSRC_QPN_BASE + QP table index; QP0/QP1 do not exist on RoCE here. */
 #define XSRC_QPN_BASE 0x100
@@ -44,7 +52,8 @@ struct xsrc_arena_header {
 	__u64 mr_table_off;      /* struct xsrc_mr_entry[XSRC_MR_TABLE_LEN] */
 	__u64 srq_table_off;     /* struct xsrc_srq_entry[XSRC_SRQ_TABLE_LEN] */
 	__u64 atomic_locks_off;  /* __u32[XSRC_ATOMIC_LOCKS], atomic spin locks */
-	__u64 reserved2[2];
+	__u64 mcast_table_off;   /* r3: struct xsrc_mcast_table; 0 (older daemons): none */
+	__u64 reserved2;
 };
 
 /* QP states in xsrc_qp_entry.state: enum ibv_qp_state + 1, so 0 = free. */
@@ -217,6 +226,48 @@ struct xsrc_recv_wqe {
 	__u32 num_sge;
 	__u32 reserved;
 	/* struct xsrc_sge sge[num_sge] follow */
+};
+
+/*
+ * Multicast groups (driver ABI revision 3): which QPs of the device a UD send
+ * to a multicast GID (remote QPN XSRC_MCAST_QPN) reaches. Only the daemon
+ * writes it (ATTACH_MCAST, DETACH_MCAST, a QP's destruction); a sender reads
+ * it without a lock.
+ *
+ * Each group entry is a sequence lock: the daemon makes `seq` odd (release),
+ * rewrites the entry, then makes `seq` even again (release). A reader loads
+ * an even `seq` (acquire), copies the entry, and keeps the copy only if `seq`
+ * is unchanged after an acquire fence; else it reads again. A free entry has
+ * num_qps == 0. The daemon puts a new group in the lowest free entry.
+ */
+/* A GID that names a multicast group: IPv6 ff00::/8, or IPv4-mapped
+ * ::ffff:224.0.0.0/4 (the GID RoCE v2 gives an IPv4 group), as the kernel's
+ * rdma_is_multicast_addr() decides. `gid` is 16 bytes, as union ibv_gid. */
+static inline int xsrc_is_multicast_gid(const __u8 *gid)
+{
+	int i;
+
+	if (gid[0] == 0xff)
+		return 1;
+	for (i = 0; i < 10; ++i)
+		if (gid[i])
+			return 0;
+	return gid[10] == 0xff && gid[11] == 0xff && (gid[12] & 0xf0) == 0xe0;
+}
+
+struct xsrc_mcast_group {
+	__u32 seq;            /* atomic; odd while the entry changes */
+	__u32 num_qps;        /* members: qpns[0, num_qps); 0 = a free entry */
+	__u8 gid[16];         /* the group's multicast GID (as union ibv_gid) */
+	__u32 qpns[XSRC_MCAST_GROUP_QPS]; /* each member once, in attach order */
+	__u64 reserved[5];
+};
+
+struct xsrc_mcast_table {
+	__u32 num_groups;     /* XSRC_MCAST_GROUPS */
+	__u32 scan_end;       /* atomic; no entry at or past it is in use */
+	__u64 reserved[7];
+	/* struct xsrc_mcast_group groups[num_groups] follow */
 };
 
 #endif /* XSRC_QUEUES_H */

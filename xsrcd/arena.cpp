@@ -18,7 +18,7 @@ constexpr uint64_t round_up(uint64_t v, uint64_t to)
 }
 
 struct Layout {
-	uint64_t qp_table_off, mr_table_off, srq_table_off, atomic_locks_off, rings_off;
+	uint64_t qp_table_off, mr_table_off, srq_table_off, atomic_locks_off, mcast_table_off, rings_off;
 };
 
 constexpr Layout arena_layout()
@@ -29,7 +29,10 @@ constexpr Layout arena_layout()
 	l.srq_table_off = round_up(l.mr_table_off + XSRC_MR_TABLE_LEN * sizeof(xsrc_mr_entry), kArenaPage);
 	l.atomic_locks_off =
 		round_up(l.srq_table_off + XSRC_SRQ_TABLE_LEN * sizeof(xsrc_srq_entry), kArenaPage);
-	l.rings_off = round_up(l.atomic_locks_off + XSRC_ATOMIC_LOCKS * sizeof(__u32), kArenaPage);
+	l.mcast_table_off = round_up(l.atomic_locks_off + XSRC_ATOMIC_LOCKS * sizeof(__u32), kArenaPage);
+	l.rings_off = round_up(l.mcast_table_off + sizeof(xsrc_mcast_table) +
+				       XSRC_MCAST_GROUPS * sizeof(xsrc_mcast_group),
+			       kArenaPage);
 	return l;
 }
 
@@ -147,6 +150,9 @@ int Arena::create(const std::string &path, std::unique_ptr<Arena> &out, Clock::d
 	header->mr_table_off = kLayout.mr_table_off;
 	header->srq_table_off = kLayout.srq_table_off;
 	header->atomic_locks_off = kLayout.atomic_locks_off;
+	auto *mcast = reinterpret_cast<xsrc_mcast_table *>(static_cast<unsigned char *>(base) + kLayout.mcast_table_off);
+	mcast->num_groups = XSRC_MCAST_GROUPS;
+	header->mcast_table_off = kLayout.mcast_table_off;
 	header->magic = XSRC_ARENA_MAGIC;  // last: a mapped header with a magic is complete
 	out.reset(new Arena(path, std::move(fd), static_cast<unsigned char *>(base), kLayout.rings_off / kArenaPage,
 			    quarantine));
@@ -182,6 +188,16 @@ xsrc_mr_entry &Arena::mr_entry(uint32_t index)
 xsrc_srq_entry &Arena::srq_entry(uint32_t index)
 {
 	return reinterpret_cast<xsrc_srq_entry *>(base_ + kLayout.srq_table_off)[index % XSRC_SRQ_TABLE_LEN];
+}
+
+xsrc_mcast_table &Arena::mcast_table()
+{
+	return *reinterpret_cast<xsrc_mcast_table *>(base_ + kLayout.mcast_table_off);
+}
+
+xsrc_mcast_group &Arena::mcast_group(uint32_t index)
+{
+	return reinterpret_cast<xsrc_mcast_group *>(&mcast_table() + 1)[index % XSRC_MCAST_GROUPS];
 }
 
 // Punching a hole frees the pages and makes every mapping read zeros.

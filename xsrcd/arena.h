@@ -79,6 +79,8 @@ public:
 	xsrc_qp_entry &qp_entry(uint32_t index);    // index < XSRC_QP_TABLE_LEN
 	xsrc_mr_entry &mr_entry(uint32_t index);    // index < XSRC_MR_TABLE_LEN
 	xsrc_srq_entry &srq_entry(uint32_t index);  // index < XSRC_SRQ_TABLE_LEN
+	xsrc_mcast_table &mcast_table();
+	xsrc_mcast_group &mcast_group(uint32_t index);  // index < XSRC_MCAST_GROUPS
 
 	// The object at `off`, which must come from allocate().
 	template <typename T>

@@ -40,6 +40,11 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
 	r.max_pkeys = 1;
 	r.local_ca_ack_delay = 15;
 	r.phys_port_cnt = 1;
+	if (dev.abi_revision >= 3) {  // multicast came with revision 3
+		r.max_mcast_grp = L::max_mcast_grp;
+		r.max_mcast_qp_attach = L::max_mcast_qp_attach;
+		r.max_total_mcast_qp_attach = L::max_total_mcast_qp_attach;
+	}
 }
 
 void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)

@@ -73,6 +73,10 @@ const CommandTable &write_commands()
 			spec<ib_uverbs_modify_qp>("MODIFY_QP", cmd_modify_qp, false);
 		t[IB_USER_VERBS_CMD_DESTROY_QP] =
 			spec<ib_uverbs_destroy_qp>("DESTROY_QP", cmd_destroy_qp, true);
+		t[IB_USER_VERBS_CMD_ATTACH_MCAST] =
+			spec<ib_uverbs_attach_mcast>("ATTACH_MCAST", cmd_attach_mcast, false);
+		t[IB_USER_VERBS_CMD_DETACH_MCAST] =
+			spec<ib_uverbs_detach_mcast>("DETACH_MCAST", cmd_detach_mcast, false);
 		t[IB_USER_VERBS_CMD_CREATE_SRQ] =
 			spec<ib_uverbs_create_srq>("CREATE_SRQ", cmd_create_srq, true);
 		t[IB_USER_VERBS_CMD_MODIFY_SRQ] =
@@ -118,11 +122,20 @@ const CommandTable &ex_commands()
 	return table;
 }
 
-// The driver ABI revision that added a private command (kernel-abi/README.md).
-// A device serving an older revision answers EOPNOTSUPP, as that daemon did.
+// The driver ABI revision that added a command (kernel-abi/README.md): a
+// private one, or a core one the daemon did not serve before. A device
+// serving an older revision answers EOPNOTSUPP, as that daemon did.
 uint32_t command_revision(uint32_t num)
 {
-	return num == XSRC_CMD_COPY ? 2 : 1;
+	switch (num) {
+	case XSRC_CMD_COPY:
+		return 2;
+	case IB_USER_VERBS_CMD_ATTACH_MCAST:
+	case IB_USER_VERBS_CMD_DETACH_MCAST:
+		return 3;
+	default:
+		return 1;
+	}
 }
 
 // The command a write() names, for the debug log.

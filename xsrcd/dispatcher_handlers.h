@@ -72,6 +72,12 @@ void release_xrcd(Context &ctx, uint32_t handle);
 // reach the peer's memory itself.
 int cmd_copy(Context &ctx, Caller &caller, const Request &req);
 
+// mcast_commands.cpp (driver ABI r3): UD QPs in multicast groups.
+int cmd_attach_mcast(Context &ctx, Caller &caller, const Request &req);
+int cmd_detach_mcast(Context &ctx, Caller &caller, const Request &req);
+// The QP leaves every group it is in (its handle goes, or its context).
+void mcast_leave_all(Context &ctx, Qp &qp);
+
 // ah_commands.cpp
 int cmd_create_ah(Context &ctx, Caller &caller, const Request &req);
 int cmd_destroy_ah(Context &ctx, Caller &caller, const Request &req);

@@ -25,6 +25,7 @@
 #include "netdev.h"
 #include "sysfs_view.h"
 #include "xsrc-abi.h"
+#include "xsrc-queues.h"
 
 namespace xsrc {
 
@@ -48,6 +49,11 @@ struct DeviceLimits {
 	static constexpr uint32_t max_msg_size = 1u << 31;
 	static constexpr uint32_t gid_tbl_len = 16;
 	static constexpr uint32_t num_comp_vectors = 1;
+	// Multicast (driver ABI r3): groups with members, members of one group,
+	// and group memberships over the whole device.
+	static constexpr uint32_t max_mcast_grp = XSRC_MCAST_GROUPS;
+	static constexpr uint32_t max_mcast_qp_attach = XSRC_MCAST_GROUP_QPS;
+	static constexpr uint32_t max_total_mcast_qp_attach = 8192;
 };
 
 // The arena's tables and WQE format are sized for these limits.
@@ -56,6 +62,8 @@ static_assert(DeviceLimits::max_srq == XSRC_SRQ_TABLE_LEN);
 static_assert(DeviceLimits::max_mr < XSRC_MR_TABLE_LEN);
 static_assert(DeviceLimits::max_sge <= XSRC_MAX_RECV_SGE);
 static_assert(DeviceLimits::max_msg_size == XSRC_MAX_MSG_SIZE);
+static_assert(DeviceLimits::max_total_mcast_qp_attach < DeviceLimits::max_mcast_grp * DeviceLimits::max_mcast_qp_attach,
+	      "the device-wide limit binds before the table is full");
 
 // Per-object bookkeeping. Handles (uint32_t, as on the wire; PdHandle where
 // an object keeps its PD's) name objects of the same context; the ids
@@ -158,6 +166,7 @@ struct Qp {
 	QpAttributes attr;           // unused for XRC receive QPs (see attributes())
 	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
+	std::vector<Gid> mcast_groups;  // UD: the multicast groups it is attached to
 	Qpn qpn() const { return Qpn(XSRC_QPN_BASE + index); }
 	QpAttributes &attributes() { return shared ? shared->attr : attr; }
 	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
@@ -280,6 +289,14 @@ struct Device {
 	uint32_t next_xrcd_id = 1;
 	std::map<XrcdId, XrcDomain> xrcds;                         // by xrcd_id
 	std::map<std::pair<dev_t, ino_t>, XrcdId> xrcds_by_inode;
+	// Multicast groups with members (ATTACH_MCAST), mirrored for the data
+	// path in the arena's table (mcast_commands.cpp).
+	struct McastGroup {
+		uint32_t entry = 0;        // in the arena's xsrc_mcast_table
+		std::vector<Qpn> members;  // attach order, each once
+	};
+	std::map<std::array<uint8_t, 16>, McastGroup> mcast_groups;  // by Gid::raw
+	uint32_t mcast_attachments = 0;  // members over all groups
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 };

@@ -400,6 +400,7 @@ void release_qp(Context &ctx, uint32_t handle)
 		if (!last && ctx.device)
 			hand_over(*ctx.device, *qp);
 	}
+	mcast_leave_all(ctx, *qp);
 	if (Device *dev = ctx.device; dev && last) {
 		xsrc_qp_entry &e = dev->arena->qp_entry(qp->index);
 		store_release<__u32>(e.state, XSRC_QP_STATE_FREE);  // first: peers stop using it
@@ -456,6 +457,10 @@ int cmd_destroy_qp(Context &ctx, Caller &caller, const Request &req)
 	Qp *qp = lookup<Qp>(ctx, cmd.qp_handle);
 	if (!qp)
 		return refuse(EINVAL, "no such QP handle");
+	// As the kernel: an application detaches first. (A context that goes
+	// detaches its QPs itself: release_qp.)
+	if (!qp->mcast_groups.empty())
+		return refuse(EBUSY, "the QP is still attached to multicast groups");
 	ib_uverbs_destroy_qp_resp resp{};
 	resp.events_reported = qp->events_reported -
 		reclaim_unread_async_events(ctx, qp->user_handle, qp->events_reported);

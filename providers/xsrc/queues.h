@@ -66,6 +66,17 @@ struct Arena {
 			return nullptr;
 		return at<xsrc_srq_entry>(header().srq_table_off) + (n - XSRC_SRQN_BASE);
 	}
+	// The multicast table (driver ABI r3), or null when the arena has none
+	// or it does not fit.
+	xsrc_mcast_table *mcast_table() const
+	{
+		constexpr uint64_t bytes = sizeof(xsrc_mcast_table) + uint64_t(XSRC_MCAST_GROUPS) * sizeof(xsrc_mcast_group);
+		uint64_t off = header().mcast_table_off;
+		if (!off || off > size || bytes > size - off)
+			return nullptr;
+		auto *table = reinterpret_cast<xsrc_mcast_table *>(base + off);
+		return table->num_groups == XSRC_MCAST_GROUPS ? table : nullptr;
+	}
 	uint32_t *atomic_lock(uint64_t hash) const
 	{
 		return at<uint32_t>(header().atomic_locks_off) + hash % XSRC_ATOMIC_LOCKS;

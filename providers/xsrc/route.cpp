@@ -5,7 +5,8 @@
 // reaches yet (RoCE v2 on the wire will): reliable QPs retry, then complete
 // with IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire
 // with nobody at the other end. Never a local QP that happens to have the
-// same number.
+// same number. A multicast GID is a group with members on this device (and,
+// once there is a wire, beyond it): the shared-memory engine delivers it.
 #include "xsrc.h"
 
 #include <cstring>
@@ -45,7 +46,8 @@ const xsrc_transport *xsrc_route(ibv_context *ibctx, const ibv_ah_attr &ah)
 {
 	const xsrc_transport *local = to_xsrc_ctx(ibctx)->transport;
 	// Without a GRH the destination is on this port (the device's own LID).
-	if (!ah.is_global || xsrc_gid_is_local(ibctx, ah.port_num, ah.grh.dgid))
+	if (!ah.is_global || xsrc_is_multicast_gid(ah.grh.dgid.raw) ||
+	    xsrc_gid_is_local(ibctx, ah.port_num, ah.grh.dgid))
 		return local;
 	return &xsrc_unrouted_transport;
 }

@@ -492,9 +492,40 @@ bool remote_error(const Result &res)
 
 Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r);
 
+// A UD send to a multicast group (its AH's destination GID): each QP of the
+// device attached to the group gets it once, through its own Q_Key check
+// and its own receive — one without a posted receive drops its copy, the
+// others still get theirs. The sending QP is skipped even when it is a
+// member: nothing loops a datagram back to the QP that sent it. The sender's
+// completion is a success however many members took it. A multicast
+// destination needs the multicast QPN (IBTA 10.5.2.1); any other is dropped.
+Result shm_execute_multicast(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
+{
+	xsrc_local_buffers local;
+	if (!xsrc_peer_local_buffers(ctx, qp, wqe, false, local))
+		return Result::failed(IBV_WC_LOC_PROT_ERR);
+	if (local.total > ctx->port_mtu_bytes)
+		return Result::failed(IBV_WC_LOC_LEN_ERR);
+	if (wqe.remote_qpn.value() != XSRC_MCAST_QPN)
+		return Result::dropped();
+	uint32_t members[XSRC_MCAST_GROUP_QPS];
+	size_t count = xsrc_mcast_members(ctx, wqe.ah->attr.grh.dgid, members);
+	uint32_t qkey = (wqe.remote_qkey & kQkeyUseQps) ? qp->entry->qkey : wqe.remote_qkey;
+	for (size_t i = 0; i < count; ++i) {
+		Responder r;
+		if (members[i] == qp->qpn.value() || !responder_find(ctx, xsrc::Qpn(members[i]), r) ||
+		    r.qp->qp_type != IBV_QPT_UD || !can_receive(xsrc::qp_state_load(*r.qp)) || r.qp->qkey != qkey)
+			continue;  // not for this member: a UD datagram is dropped silently
+		responder_deliver(ctx, qp, wqe, r, local, true);
+	}
+	return Result::done(local.total);
+}
+
 Result shm_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
 {
 	bool ud = qp->type == IBV_QPT_UD;
+	if (ud && wqe.ah && wqe.ah->multicast)
+		return shm_execute_multicast(ctx, qp, wqe);
 	xsrc::Qpn dest = ud ? wqe.remote_qpn : xsrc::Qpn(qp->entry->dest_qpn);
 	Responder r;
 	if (!responder_find(ctx, dest, r) || !can_receive(xsrc::qp_state_load(*r.qp)) ||

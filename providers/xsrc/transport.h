@@ -60,7 +60,7 @@ extern const xsrc_transport xsrc_unrouted_transport;
 // Is `gid` in the GID table of `port_num`? (Reads the table: a slow path.)
 bool xsrc_gid_is_local(ibv_context *ctx, uint8_t port_num, const ibv_gid &gid);
 // The engine for messages towards `ah`: the context's own for this port's
-// GIDs (and for no GRH), xsrc_unrouted_transport for any other.
+// GIDs, multicast GIDs (and for no GRH), xsrc_unrouted_transport for any other.
 const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah);
 
 // --- requester.cpp: the QP's side, whatever the engine ---------------------

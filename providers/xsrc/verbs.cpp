@@ -173,6 +173,9 @@ bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
 const verbs_context_ops xsrc_ctx_ops = {
 	.alloc_pd = xsrc_alloc_pd,
 	.async_event = xsrc_async_event,
+#if XSRC_DRIVER_ABI_REVISION >= 3
+	.attach_mcast = xsrc_attach_mcast,
+#endif
 	.close_xrcd = xsrc_close_xrcd,
 	.cq_event = xsrc_cq_event,
 	.create_ah = xsrc_create_ah,
@@ -188,6 +191,9 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.destroy_cq = xsrc_destroy_cq,
 	.destroy_qp = xsrc_destroy_qp,
 	.destroy_srq = xsrc_destroy_srq,
+#if XSRC_DRIVER_ABI_REVISION >= 3
+	.detach_mcast = xsrc_detach_mcast,
+#endif
 	.free_context = xsrc_free_context,
 	.get_srq_num = xsrc_get_srq_num,
 	.modify_qp = xsrc_modify_qp,

@@ -448,6 +448,9 @@ int ibv_cmd_create_ah(ibv_pd *pd, ibv_ah *ah, ibv_ah_attr *attr,
 		      ib_uverbs_create_ah_resp *resp, size_t resp_size);
 int ibv_cmd_destroy_ah(ibv_ah *ah);
 
+int ibv_cmd_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+int ibv_cmd_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+
 // libibverbs' log (VERBS_LOG_LEVEL, VERBS_LOG_FILE): a message at `level`
 // or below the one the user asked for goes to the file. Keeps errno.
 void __verbs_log(verbs_context *ctx, uint32_t level, const char *fmt, ...)

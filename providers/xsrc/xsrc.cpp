@@ -297,6 +297,11 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 			  strerror(err));
 		return err;
 	}
+#if XSRC_DRIVER_ABI_REVISION >= 3
+	// Multicast came with revision 3; an older daemon's arena has no table.
+	if (resp.driver().driver_abi >= 3)
+		ctx->mcast = ctx->arena.mcast_table();
+#endif
 	ibv_port_attr port{};
 	struct ibv_query_port qcmd{};
 	if ((err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))) {

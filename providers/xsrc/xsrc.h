@@ -93,6 +93,7 @@ struct xsrc_context {
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
+	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast
 	std::mutex progress_lock;
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 };
@@ -118,6 +119,7 @@ struct xsrc_ah {
 	ibv_ah_attr attr;
 	ibv_gid sgid;                // the GID at attr.grh.sgid_index
 	const xsrc_transport *engine; // reaches attr.grh.dgid (route.cpp)
+	bool multicast;              // attr.grh.dgid is a multicast group (mcast.cpp)
 };
 
 struct xsrc_qp {
@@ -246,6 +248,15 @@ ibv_qp *xsrc_open_qp(ibv_context *ibctx, ibv_qp_open_attr *attr);
 // ah.cpp
 ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
 int xsrc_destroy_ah(ibv_ah *ah);
+
+// mcast.cpp: UD multicast (driver ABI r3). The daemon keeps the groups; a
+// sender reads their members from the arena's table.
+int xsrc_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+int xsrc_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+// The members of group `gid` on the device, each once: copied into `out`,
+// their number returned (0: no such group, or no multicast).
+size_t xsrc_mcast_members(const xsrc_context *ctx, const ibv_gid &gid,
+			  uint32_t (&out)[XSRC_MCAST_GROUP_QPS]) noexcept;
 
 // Posts one receive (num_sge already checked) to a ring whose single
 // producer the caller is. False when the ring is full.

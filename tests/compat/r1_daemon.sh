@@ -2,11 +2,11 @@
 # Today's provider against a daemon that serves driver ABI revision 1
 # (`xsrc up --abi 1` -> `xsrcd --abi 1`): the device opens, GET_CONTEXT
 # reports revision 1 with nothing past the r1 fields, XSRC_CMD_COPY does not
-# exist, and real traffic works. The daemon runs in a mount namespace of
-# its own (fresh /run, /dev/shm, /dev/infiniband), beside the xsrc0 of the
-# other tests.
+# exist, neither does multicast (nor at --abi 2), and real traffic works.
+# The daemon runs in a mount namespace of its own (fresh /run, /dev/shm,
+# /dev/infiniband), beside the xsrc0 of the other tests.
 # Environment: XSRC, XSRC_BIN, XSRC_RUNDIR, SYSFS_PATH, RDMAV_DRIVERS,
-# COMMAND_FILE_ABI_TEST, XSRC_TESTS_DIR.
+# COMMAND_FILE_ABI_TEST, MCAST_TEST, XSRC_TESTS_DIR.
 set -u
 if [ "${1:-}" != --inside ]; then
   exec unshare -m --propagation private "$0" --inside
@@ -42,6 +42,8 @@ expect_fail "xsrc up --abi 2 against it is refused" 1 "serves driver ABI revisio
 step "xsrc up without --abi reuses it" "$XSRC" up --name xsrc0
 step "ibv_devinfo opens the device" ibv_devinfo -d xsrc0
 step "GET_CONTEXT answers as revision 1" env XSRC_EXPECT_ABI_REVISION=1 "$COMMAND_FILE_ABI_TEST"
+step "no multicast at revision 1" env XSRC_EXPECT_NO_MCAST=1 XSRC_EXPECT_ABI_REVISION=1 \
+  "$MCAST_TEST" --gtest_filter=Mcast.AbsentBeforeRevision3
 
 pp=$XSRC_TESTS_DIR/traffic/pingpong.sh
 step "rc_pingpong" "$pp" 18851 ibv_rc_pingpong -g 1 -s 4096 -n 200
@@ -51,6 +53,13 @@ step "srq_pingpong" "$pp" 18854 ibv_srq_pingpong -g 1 -s 4096 -n 200
 step "xsrq_pingpong, 2 clients" "$XSRC_TESTS_DIR/xrc/xsrq_pingpong.sh" 18855 2 -g 1 -s 4096 -n 100
 step "ib_write_bw" "$XSRC_TESTS_DIR/perftest/perftest.sh" 18856 ib_write_bw -s 65536 -n 200
 
+"$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
+
+# Revision 2: no multicast either (it came with revision 3).
+step "xsrc up --abi 2" "$XSRC" up --name xsrc0 --abi 2
+step "GET_CONTEXT answers as revision 2" env XSRC_EXPECT_ABI_REVISION=2 "$COMMAND_FILE_ABI_TEST"
+step "no multicast at revision 2" env XSRC_EXPECT_NO_MCAST=1 XSRC_EXPECT_ABI_REVISION=2 \
+  "$MCAST_TEST" --gtest_filter=Mcast.AbsentBeforeRevision3
 "$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
 
 # The other way round: a daemon at the default revision refuses --abi 1.

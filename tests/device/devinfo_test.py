@@ -31,6 +31,10 @@ class DevinfoTest(unittest.TestCase):
         m = re.search(r"gid_tbl_len:\s+(\d+)", out)
         self.assertIsNotNone(m)
         self.assertLessEqual(len(gids), int(m.group(1)))
+        # UD multicast (driver ABI r3): the limits the device enforces.
+        self.assertRegex(out, r"max_mcast_grp:\s+1024\n")
+        self.assertRegex(out, r"max_mcast_qp_attach:\s+64\n")
+        self.assertRegex(out, r"max_total_mcast_qp_attach:\s+8192\n")
 
     def test_run_ibv_devices(self):
         # Without SYSFS_PATH: `xsrc run` must make the device visible by itself.

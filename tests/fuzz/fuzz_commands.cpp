@@ -12,8 +12,8 @@
 // Findings, besides what ASan/UBSan/LSan report:
 //  - a response byte written outside the room the command offered;
 //  - an errno outside 1..4095 from dispatch_command;
-//  - an fd, object, id, slot or arena page left behind once the context is
-//    destroyed.
+//  - an fd, object, id, slot, multicast membership or arena page left behind
+//    once the context is destroyed.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -313,6 +313,8 @@ void check_device_empty(const Device &dev)
 		finding("an XRC domain outlived its last handle");
 	if (dev.arena->allocation_count())
 		finding("arena memory stayed allocated after the context was destroyed");
+	if (!dev.mcast_groups.empty() || dev.mcast_attachments || dev.arena->mcast_table().scan_end)
+		finding("a multicast group kept members after the context was destroyed");
 }
 
 // kFixLengths: the header's input lengths made to match the command's size.

@@ -2,7 +2,7 @@
 // the captured programs never send (the provider uses the non-extended
 // commands): extended CREATE_CQ / CREATE_QP / MODIFY_QP, RESIZE_CQ,
 // REQ_NOTIFY_CQ, SRQ modify/query, RAISE_EVENT on the stream's own objects,
-// XSRC_CMD_COPY. Built from the kernel's and xsrc's own structs, so the
+// XSRC_CMD_COPY, ATTACH_MCAST / DETACH_MCAST. Built from the kernel's and xsrc's own structs, so the
 // seeds follow the ABI headers. Handles and numbers are those a fresh device
 // hands out (handles from 0, QPN/SRQN from their bases, MR keys from 1 << 8).
 //   xsrcd_fuzz_seeds OUTDIR    (tests/fuzz/corpus: synthetic-*)
@@ -274,6 +274,47 @@ Stream srq_and_copy()
 	return s.cmd(IB_USER_VERBS_CMD_DESTROY_SRQ, ds, sizeof(ib_uverbs_destroy_srq_resp));  // EBUSY: the QP
 }
 
+// UD QPs in multicast groups: attached (IPv4-mapped and IPv6 groups, twice,
+// refused for a unicast GID and an RC QP), detached (and once more), and a
+// destroy refused while attached; the context's teardown detaches the rest.
+Stream multicast()
+{
+	Stream s;
+	open_context(s);
+	s.ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, ex_cq(-1), sizeof(ib_uverbs_ex_create_cq_resp),
+	     sizeof(xsrc_create_cq_resp));  // handle 1
+	for (uint8_t type : {IBV_QPT_UD, IBV_QPT_UD, IBV_QPT_RC})  // handles 2, 3, 4
+		s.ex(IB_USER_VERBS_EX_CMD_CREATE_QP, ex_qp(type, 0, 1), sizeof(ib_uverbs_ex_create_qp_resp),
+		     sizeof(xsrc_create_qp_resp));
+	const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3};
+	const uint8_t v6[16] = {0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34};
+	const uint8_t unicast[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1};
+	auto attach = [&](uint32_t qp, const uint8_t (&gid)[16]) {
+		ib_uverbs_attach_mcast a{};
+		std::memcpy(a.gid, gid, sizeof(a.gid));
+		a.qp_handle = qp;
+		s.cmd(IB_USER_VERBS_CMD_ATTACH_MCAST, a);
+	};
+	auto detach = [&](uint32_t qp, const uint8_t (&gid)[16]) {
+		ib_uverbs_detach_mcast d{};
+		std::memcpy(d.gid, gid, sizeof(d.gid));
+		d.qp_handle = qp;
+		s.cmd(IB_USER_VERBS_CMD_DETACH_MCAST, d);
+	};
+	attach(2, v4);
+	attach(3, v4);
+	attach(2, v4);       // 0: attached already
+	attach(2, v6);
+	attach(2, unicast);  // EINVAL
+	attach(4, v4);       // EINVAL: an RC QP
+	detach(3, v4);
+	detach(3, v4);       // EINVAL: not attached
+	ib_uverbs_destroy_qp dq{};
+	dq.response = kSomeResponse;
+	dq.qp_handle = 2;
+	return s.cmd(IB_USER_VERBS_CMD_DESTROY_QP, dq, sizeof(ib_uverbs_destroy_qp_resp));  // EBUSY
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
@@ -284,7 +325,8 @@ int main(int argc, char **argv)
 	}
 	std::string dir = argv[1];
 	bool ok = extended_rc().write(dir + "/synthetic-extended-rc") &&
-		  srq_and_copy().write(dir + "/synthetic-srq-copy");
+		  srq_and_copy().write(dir + "/synthetic-srq-copy") &&
+		  multicast().write(dir + "/synthetic-multicast");
 	if (!ok)
 		fprintf(stderr, "%s: cannot write the seeds into %s\n", argv[0], dir.c_str());
 	return ok ? 0 : 1;

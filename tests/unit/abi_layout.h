@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace xsrc::abi_test {
@@ -18,5 +19,10 @@ struct LayoutRow {
 // Every struct and field of kernel-abi/history/r1/xsrc-abi.h, as built
 // against that header (abi_layout_r1_test.cpp).
 std::span<const LayoutRow> r1_layout();
+
+// The arena structs of kernel-abi/history/r2/xsrc-queues.h, and every field
+// of its header (abi_layout_r2_arena_test.cpp); its XSRC_ARENA_VERSION.
+std::span<const LayoutRow> r2_arena_layout();
+uint32_t r2_arena_version();
 
 }  // namespace xsrc::abi_test

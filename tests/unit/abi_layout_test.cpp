@@ -107,7 +107,8 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_arena_header, mr_table_off, 32, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, srq_table_off, 40, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, atomic_locks_off, 48, 8),
-	XSRC_PIN_FIELD(xsrc_arena_header, reserved2, 56, 16),
+	XSRC_PIN_FIELD(xsrc_arena_header, mcast_table_off, 56, 8),  // r3, was reserved2[0]
+	XSRC_PIN_FIELD(xsrc_arena_header, reserved2, 64, 8),
 	XSRC_PIN_STRUCT(xsrc_qp_entry, 184, 8),
 	XSRC_PIN_FIELD(xsrc_qp_entry, state, 0, 4),
 	XSRC_PIN_FIELD(xsrc_qp_entry, qpn, 4, 4),
@@ -209,6 +210,17 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_recv_wqe, wr_id, 8, 8),
 	XSRC_PIN_FIELD(xsrc_recv_wqe, num_sge, 16, 4),
 	XSRC_PIN_FIELD(xsrc_recv_wqe, reserved, 20, 4),
+	// r3: multicast
+	XSRC_PIN_STRUCT(xsrc_mcast_group, 320, 8),
+	XSRC_PIN_FIELD(xsrc_mcast_group, seq, 0, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_group, num_qps, 4, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_group, gid, 8, 16),
+	XSRC_PIN_FIELD(xsrc_mcast_group, qpns, 24, 256),
+	XSRC_PIN_FIELD(xsrc_mcast_group, reserved, 280, 40),
+	XSRC_PIN_STRUCT(xsrc_mcast_table, 64, 8),
+	XSRC_PIN_FIELD(xsrc_mcast_table, num_groups, 0, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_table, scan_end, 4, 4),
+	XSRC_PIN_FIELD(xsrc_mcast_table, reserved, 8, 56),
 };
 
 #undef XSRC_PIN_STRUCT
@@ -324,6 +336,33 @@ TEST(AbiLayout, EveryR1StructIsAPrefixOfTodays)
 			continue;  // an r1 field, or a struct that revision 1 did not have
 		SCOPED_TRACE(name_of(pin.actual));
 		EXPECT_GE(pin.actual.offset, r1_struct->size) << "a field was inserted, not appended";
+	}
+}
+
+// Revision 3 changed the arena only by appending: every revision-2 struct
+// has its size, every field of the r2 header is where it was, and the r2
+// reserved word that became mcast_table_off is covered exactly by today's
+// fields. The version a revision-2 provider checks is unchanged.
+TEST(AbiLayout, TheArenaOfRevisionTwoIsUnmovedInToday)
+{
+	EXPECT_EQ(r2_arena_version(), uint32_t(XSRC_ARENA_VERSION));
+	for (const LayoutRow &old : r2_arena_layout()) {
+		SCOPED_TRACE(name_of(old));
+		const Pin *now = find_pin(old.type, old.field);
+		if (!old.field) {
+			ASSERT_NE(now, nullptr);
+			EXPECT_EQ(now->actual.size, old.size);
+			continue;
+		}
+		if (now && now->actual.offset == old.offset && now->actual.size == old.size)
+			continue;
+		ASSERT_EQ(std::string(old.field).rfind("reserved", 0), 0u) << "only reserved bytes may take a new name";
+		size_t covered = 0;
+		for (const Pin &pin : kPins)
+			if (pin.actual.field && std::string(pin.actual.type) == old.type &&
+			    pin.actual.offset >= old.offset && pin.actual.offset + pin.actual.size <= old.offset + old.size)
+				covered += pin.actual.size;
+		EXPECT_EQ(covered, old.size) << "the reserved bytes are not tiled by today's fields";
 	}
 }
 

@@ -82,20 +82,27 @@ TEST_F(ArenaTest, FileHeaderAndTables)
 	EXPECT_EQ(h.magic, XSRC_ARENA_MAGIC);
 	EXPECT_EQ(h.version, uint32_t(XSRC_ARENA_VERSION));
 	EXPECT_EQ(h.size, XSRC_ARENA_SIZE);
-	const uint64_t offs[] = {h.qp_table_off, h.mr_table_off, h.srq_table_off, h.atomic_locks_off};
+	const uint64_t offs[] = {h.qp_table_off, h.mr_table_off, h.srq_table_off, h.atomic_locks_off,
+				 h.mcast_table_off};
 	for (uint64_t off : offs)
 		EXPECT_EQ(off % kArenaPage, 0u);
 	EXPECT_GE(h.qp_table_off, sizeof(xsrc_arena_header));
 	EXPECT_GE(h.mr_table_off, h.qp_table_off + XSRC_QP_TABLE_LEN * sizeof(xsrc_qp_entry));
 	EXPECT_GE(h.srq_table_off, h.mr_table_off + XSRC_MR_TABLE_LEN * sizeof(xsrc_mr_entry));
 	EXPECT_GE(h.atomic_locks_off, h.srq_table_off + XSRC_SRQ_TABLE_LEN * sizeof(xsrc_srq_entry));
+	EXPECT_GE(h.mcast_table_off, h.atomic_locks_off + XSRC_ATOMIC_LOCKS * 4);
+	EXPECT_EQ(arena->mcast_table().num_groups, uint32_t(XSRC_MCAST_GROUPS));
+	EXPECT_EQ(arena->mcast_table().scan_end, 0u);
+	EXPECT_EQ(reinterpret_cast<const unsigned char *>(&arena->mcast_group(1)) -
+			  reinterpret_cast<const unsigned char *>(&h),
+		  ptrdiff_t(h.mcast_table_off + sizeof(xsrc_mcast_table) + sizeof(xsrc_mcast_group)));
 	EXPECT_EQ(reinterpret_cast<const unsigned char *>(&arena->qp_entry(1)) -
 			  reinterpret_cast<const unsigned char *>(&h),
 		  ptrdiff_t(h.qp_table_off + sizeof(xsrc_qp_entry)));
 
 	// Rings come after every table.
 	uint64_t off = arena->allocate(1);
-	EXPECT_GE(off, h.atomic_locks_off + XSRC_ATOMIC_LOCKS * 4);
+	EXPECT_GE(off, h.mcast_table_off + sizeof(xsrc_mcast_table) + XSRC_MCAST_GROUPS * sizeof(xsrc_mcast_group));
 	EXPECT_EQ(off % kArenaPage, 0u);
 
 	arena.reset();

@@ -169,7 +169,7 @@ TEST_F(CopyTest, GetContextReportsTheCallerAndTheCopyCap)
 	ASSERT_EQ(run_on(fresh, IB_USER_VERBS_CMD_GET_CONTEXT, get, std::as_bytes(std::span(&drv, 1)), sizeof(resp)),
 		  0);
 	xsrc_get_context_resp d = resp.drv();
-	EXPECT_EQ(d.driver_abi, 2u);
+	EXPECT_EQ(d.driver_abi, uint32_t(XSRC_DRIVER_ABI_REVISION));
 	EXPECT_TRUE(d.comp_mask & XSRC_GET_CONTEXT_RESP_MASK_CALLER);
 	EXPECT_EQ(d.caller_pid, uint32_t(getpid()));
 	EXPECT_EQ(d.caller_uid, fresh.uid);
