@@ -36,16 +36,11 @@ bool is_multicast(const sockaddr_storage &a)
 	return false;
 }
 
-// The multicast GID a group address has on RoCE (the kernel CM's mapping:
-// an IPv4 group is ff0e::ffff:a.b.c.d).
+// The multicast GID a group address has on a RoCE v2 port: an IPv4 group
+// IPv4-mapped (::ffff:a.b.c.d), an IPv6 group itself.
 Gid multicast_gid(const sockaddr_storage &a)
 {
-	Gid g = gid_of(a);
-	if (a.ss_family == AF_INET) {
-		g.raw[0] = 0xff;
-		g.raw[1] = 0x0e;
-	}
-	return g;
+	return gid_of(a);
 }
 
 ConnParams swapped(ConnParams p)

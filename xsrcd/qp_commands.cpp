@@ -7,6 +7,7 @@
 // handle in pd_handle), has no CQs and no queues (its messages name an XRC
 // SRQ of the domain), and is shared: OPEN_QP gives any context of the domain
 // a handle on it by QPN, and it lives until the last handle is destroyed.
+#include <algorithm>
 #include <cstring>
 
 #include "dispatcher_handlers.h"
@@ -72,6 +73,8 @@ bool has_receive_side(uint8_t type)
 // What a QP type does not use is ignored, as the kernel ignores it: an XRC
 // send QP's receive CQ, SRQ and receive capabilities; an XRC receive QP's
 // CQs, SRQ and every capability (it has no queues; all of them read 0).
+constexpr uint32_t kSgeBytes = 16;  // an ibv_sge
+
 QpInit normalise(QpInit init)
 {
 	if (init.qp_type == IBV_QPT_XRC_SEND) {
@@ -81,6 +84,12 @@ QpInit normalise(QpInit init)
 		init.caps = {};
 		init.is_srq = false;
 	}
+	// A send WQE's SGE room holds inline data as well, 16 bytes a SGE, as on
+	// rxe: a program that asked for no inline data may still send that much
+	// inline (librdmacm's rdma_xclient does).
+	uint32_t sge_room = std::min<uint32_t>(init.caps.max_send_sge * kSgeBytes, DeviceLimits::max_inline_data);
+	if (init.caps.max_send_sge <= DeviceLimits::max_sge)
+		init.caps.max_inline_data = std::max(init.caps.max_inline_data, sge_room);
 	return init;
 }
 
