@@ -87,6 +87,10 @@ public:
 	// Is an event waiting on `channel`?
 	bool readable(uint64_t channel);
 
+	// Device `name` is gone: its ids get RDMA_CM_EVENT_DEVICE_REMOVAL and
+	// lose it (commands that need a device then fail EINVAL).
+	void device_removed(const std::string &name);
+
 	// Live ids, multicast joins and channels, for tests and `xsrc status`.
 	size_t object_count();
 

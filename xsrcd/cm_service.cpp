@@ -954,6 +954,18 @@ void CmService::cancel(uint64_t token)
 	s.cancel(token);
 }
 
+void CmService::device_removed(const std::string &name)
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	for (auto &[handle, id] : s.ids) {
+		if (!id.local || id.local->device.name != name)
+			continue;
+		id.local.reset();
+		s.queue_id_event(id, cm::kEvDeviceRemoval, 0);
+	}
+}
+
 size_t CmService::object_count()
 {
 	cm::State &s = impl_->state;

@@ -149,24 +149,46 @@ void Daemon::detach_device_locked(Device &dev)
 
 int Daemon::remove_device(const std::string &name)
 {
-	std::lock_guard lock(mu_);
-	auto it = devices_.find(name);
-	if (it == devices_.end())
-		return ENODEV;
-	detach_device_locked(*it->second);
-	devices_.erase(it);
-	if (devices_.empty())
-		sysfs_view_remove_cm(sysfs_root_);
+	std::function<void(const std::string &)> removed;
+	{
+		std::lock_guard lock(mu_);
+		auto it = devices_.find(name);
+		if (it == devices_.end())
+			return ENODEV;
+		detach_device_locked(*it->second);
+		devices_.erase(it);
+		if (devices_.empty())
+			sysfs_view_remove_cm(sysfs_root_);
+		removed = device_removed_;
+	}
+	if (removed)  // outside our lock: the cm asks for devices under its own
+		removed(name);
 	return 0;
 }
 
 void Daemon::remove_all_devices()
 {
+	std::vector<std::string> names;
+	std::function<void(const std::string &)> removed;
+	{
+		std::lock_guard lock(mu_);
+		for (auto &[name, dev] : devices_) {
+			detach_device_locked(*dev);
+			names.push_back(name);
+		}
+		devices_.clear();
+		sysfs_view_remove_cm(sysfs_root_);
+		removed = device_removed_;
+	}
+	if (removed)
+		for (const std::string &name : names)
+			removed(name);
+}
+
+void Daemon::set_device_removed_hook(std::function<void(const std::string &)> hook)
+{
 	std::lock_guard lock(mu_);
-	for (auto &[name, dev] : devices_)
-		detach_device_locked(*dev);
-	devices_.clear();
-	sysfs_view_remove_cm(sysfs_root_);
+	device_removed_ = std::move(hook);
 }
 
 std::string Daemon::status()

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,9 @@ public:
 
 	size_t object_count();  // every object of every context, for tests
 
+	// Called with the device's name after it was removed (the cm tells its ids).
+	void set_device_removed_hook(std::function<void(const std::string &)> hook);
+
 	// The connection manager's view (CmHost).
 	std::vector<CmDevice> cm_devices() override;
 	void cm_peer_gone(const std::string &device, uint32_t qpn) override;
@@ -75,6 +79,7 @@ private:
 	uint64_t next_context_id_ = 1;
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
 	unique_fd owner_watch_;  // epoll over the owners' pidfds
+	std::function<void(const std::string &)> device_removed_;
 };
 
 }  // namespace xsrc

@@ -146,6 +146,7 @@ int main(int argc, char **argv)
 		xsrc::Daemon daemon(sysfs_root, fuse_root);
 		daemon.set_abi_revision(abi_revision);  // validated above
 		xsrc::CmService cm(daemon);
+		daemon.set_device_removed_hook([&cm](const std::string &name) { cm.device_removed(name); });
 		xsrc::FuseFs fuse(daemon, cm, fuse_root);
 		if (int err = fuse.mount()) {
 			fprintf(stderr, "xsrcd: cannot mount the command file system at %s: %s\n",
@@ -170,6 +171,7 @@ int main(int argc, char **argv)
 			fuse.run();
 		}
 		daemon.remove_all_devices();
+		daemon.set_device_removed_hook(nullptr);  // the cm goes first
 		fuse.unmount();
 	}
 	fs::remove_all(sysfs_root, ec);
