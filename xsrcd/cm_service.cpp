@@ -72,7 +72,7 @@ void fill_conn(rdma_ucm_conn_param &out, const ConnParams &p, uint8_t private_le
 	out.qp_num = p.qp_num;
 	out.qkey = p.qkey;
 	size_t n = std::min<size_t>(p.private_data.size(), sizeof(out.private_data));
-	std::memcpy(out.private_data, p.private_data.data(), n);
+	std::copy_n(p.private_data.begin(), n, out.private_data);  // memcpy of an empty vector's data() is UB
 	out.private_data_len = static_cast<uint8_t>(std::max<size_t>(private_len, n));
 	out.srq = p.srq;
 	out.responder_resources = p.responder_resources;
@@ -217,7 +217,7 @@ void State::queue_id_event(Id &id, uint32_t event, int32_t status, const ConnPar
 			ev.resp.param.ud.qp_num = conn->qp_num;
 			ev.resp.param.ud.qkey = conn->qkey;
 			size_t n = std::min<size_t>(conn->private_data.size(), sizeof(ev.resp.param.ud.private_data));
-			std::memcpy(ev.resp.param.ud.private_data, conn->private_data.data(), n);
+			std::copy_n(conn->private_data.begin(), n, ev.resp.param.ud.private_data);  // memcpy of an empty vector's data() is UB
 			ev.resp.param.ud.private_data_len = static_cast<uint8_t>(std::max<size_t>(plen, n));
 		} else {
 			fill_conn(ev.resp.param.conn, *conn, plen);
@@ -599,7 +599,7 @@ void State::connect_sidr(Id &id, Id *listener)
 	ev.resp.event = kEvConnectRequest;
 	auto &ud = ev.resp.param.ud;
 	size_t n = std::min(id.mine.private_data.size(), sizeof(ud.private_data));
-	std::memcpy(ud.private_data, id.mine.private_data.data(), n);
+	std::copy_n(id.mine.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
 	ud.private_data_len = private_len(id, kSidrReqPrivate);
 	ud.ah_attr = ah_attr_of(req.route);
 	queue(listener->channel, ev);
@@ -689,7 +689,7 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 			ud.qkey = rep.qkey;
 			ud.ah_attr = ah_attr_of(peer->route);
 			size_t n = std::min(rep.private_data.size(), sizeof(ud.private_data));
-			std::memcpy(ud.private_data, rep.private_data.data(), n);
+			std::copy_n(rep.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
 			ud.private_data_len = kSidrRepPrivate;
 			ev.resp.ece = rep.ece;
 			queue(peer->channel, ev);
