@@ -195,10 +195,11 @@ private:
 		prune_held();
 	}
 
+	// The service goes first: its held GET_EVENTs keep callers of caller_.
 	cmtest::FakeHost host_;
 	cmtest::RecordingFrontEnd fe_;
-	CmService cm_{host_};
 	cmtest::BufferCaller caller_;
+	CmService cm_{host_};
 	uint64_t channels_[2] = {};
 	std::map<uint64_t, int> files_;
 	std::set<uint64_t> held_, ever_held_;

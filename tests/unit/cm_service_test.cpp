@@ -228,10 +228,11 @@ protected:
 		expect_event(server, kEstablished);
 	}
 
+	// The service goes first: its held GET_EVENTs keep callers of `caller`.
 	FakeHost host;
 	RecordingFrontEnd fe;
-	CmService cm{host};
 	BufferCaller caller;
+	CmService cm{host};
 	uint64_t server = 0, client = 0;
 	uint32_t listener = 0, active = 0, passive = 0;
 	std::array<std::byte, 256> scratch{};
@@ -570,6 +571,89 @@ TEST_F(CmServiceTest, ReuseaddrAndAfonly)
 	EXPECT_EQ(set_option(client, w4, RDMA_OPTION_ID, 99, &one, sizeof(one)), ENOSYS);
 	EXPECT_EQ(set_option(client, w4, 42, 0, &one, sizeof(one)), ENOSYS);
 	EXPECT_EQ(set_option(client, w4, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, 2), EINVAL);
+}
+
+TEST_F(CmServiceTest, UdConnectsThroughSidrWithQpnAndQkey)
+{
+	uint32_t ud_listener = create_id(server, RDMA_PS_UDP);
+	ASSERT_EQ(bind(server, ud_listener, ip(kDeviceIpv4, 5016)), 0);
+	ASSERT_EQ(listen(server, ud_listener), 0);
+	uint32_t ud = create_id(client, RDMA_PS_UDP);
+	ASSERT_EQ(resolve_addr(client, ud, ip(kDeviceIpv4, 5016)), 0);
+	expect_event(client, kAddrResolved);
+	ASSERT_EQ(resolve_route(client, ud), 0);
+	expect_event(client, kRouteResolved);
+	ASSERT_EQ(connect(client, ud, 0x300, "sidr"), 0);
+	auto req = event(server);
+	ASSERT_TRUE(req);
+	EXPECT_EQ(req->event, kConnectRequest);
+	EXPECT_EQ(std::memcmp(req->param.ud.private_data, "sidr", 4), 0);
+	EXPECT_EQ(req->param.ud.private_data_len, 216 - 36);
+	ASSERT_EQ(accept(server, req->id, 0x400, "ok"), 0);
+	auto est = event(client);
+	ASSERT_TRUE(est);
+	EXPECT_EQ(est->event, kEstablished);
+	EXPECT_EQ(est->param.ud.qp_num, 0x400u);
+	EXPECT_EQ(est->param.ud.qkey, 0x01234567u) << "RDMA_UDP_QKEY when the acceptor gives none";
+	EXPECT_EQ(std::memcmp(est->param.ud.private_data, "ok", 2), 0);
+	// A UD QP's attributes are the same for every state: port, pkey and the qkey.
+	for (uint32_t state : {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS}) {
+		ib_uverbs_qp_attr a{};
+		ASSERT_EQ(init_qp_attr(client, ud, state, a), 0);
+		EXPECT_EQ(a.qp_attr_mask, uint32_t(IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY));
+		EXPECT_EQ(a.qkey, 0x01234567u);
+	}
+}
+
+TEST_F(CmServiceTest, CommEstablishedNotifyStandsInForTheRtu)
+{
+	listen_and_route(5017);
+	ASSERT_EQ(connect(client, active, 0x100), 0);
+	auto req = event(server);
+	ASSERT_TRUE(req);
+	passive = req->id;
+	rdma_ucm_notify n{passive, IBV_EVENT_COMM_EST};
+	EXPECT_EQ(run(server, RDMA_USER_CM_CMD_NOTIFY, n, 0), EINVAL) << "no REP sent yet";
+	ASSERT_EQ(accept(server, passive, 0x200), 0);
+	ASSERT_EQ(run(server, RDMA_USER_CM_CMD_NOTIFY, n, 0), 0);
+	expect_event(server, kEstablished);
+	EXPECT_EQ(run(server, RDMA_USER_CM_CMD_NOTIFY, n, 0), EISCONN);
+}
+
+TEST_F(CmServiceTest, PrivateDataBeyondTheCmMessageIsRefused)
+{
+	listen_and_route(5018);
+	rdma_ucm_connect c{};
+	c.id = active;
+	c.conn_param = conn(0x100);
+	c.conn_param.private_data_len = 92 - 36 + 1;
+	EXPECT_EQ(run(client, RDMA_USER_CM_CMD_CONNECT, c, 0), EINVAL);
+	c.conn_param.private_data_len = 92 - 36;
+	EXPECT_EQ(run(client, RDMA_USER_CM_CMD_CONNECT, c, 0), 0);
+	rdma_ucm_connect again = c;
+	EXPECT_EQ(run(client, RDMA_USER_CM_CMD_CONNECT, again, 0), EINVAL) << "connecting already";
+}
+
+TEST_F(CmServiceTest, QueriesDescribeTheBoundDevice)
+{
+	establish(5019);
+	rdma_ucm_query q{kResp, active, RDMA_USER_CM_QUERY_ADDR};
+	ASSERT_EQ(run(client, RDMA_USER_CM_CMD_QUERY, q, sizeof(rdma_ucm_query_addr_resp)), 0);
+	auto addr = caller.read<rdma_ucm_query_addr_resp>(kResp);
+	EXPECT_EQ(addr.node_guid, htobe64(0x0002c9fffe000001ull));
+	EXPECT_EQ(addr.src_size, sizeof(sockaddr_in));
+	EXPECT_EQ(addr.dst_size, sizeof(sockaddr_in));
+	EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in &>(addr.dst_addr).sin_port), 5019);
+	q.option = RDMA_USER_CM_QUERY_PATH;
+	EXPECT_EQ(run(client, RDMA_USER_CM_CMD_QUERY, q, sizeof(rdma_ucm_query_path_resp)), ENOSPC)
+		<< "no room for the one path there is";
+	q.option = 77;
+	EXPECT_EQ(run(client, RDMA_USER_CM_CMD_QUERY, q, sizeof(rdma_ucm_query_addr_resp)), ENOSYS);
+	rdma_ucm_query r{kResp, passive, 0};
+	ASSERT_EQ(run(server, RDMA_USER_CM_CMD_QUERY_ROUTE, r, sizeof(rdma_ucm_query_route_resp)), 0);
+	auto route = caller.read<rdma_ucm_query_route_resp>(kResp);
+	EXPECT_EQ(route.num_paths, 1);
+	EXPECT_EQ(route.port_num, 1);
 }
 
 TEST_F(CmServiceTest, MalformedCommands)
