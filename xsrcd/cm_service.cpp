@@ -206,6 +206,13 @@ void State::queue(uint64_t channel, Event ev)
 
 void State::queue_id_event(Id &id, uint32_t event, int32_t status, const ConnParams *conn, uint8_t plen)
 {
+	// A request the application has not accepted yet has no context of its
+	// own: librdmacm would take its event for the listener's (whose uid the
+	// CONNECT_REQUEST carried) and then wait forever in rdma_destroy_id for
+	// an event it counted on the wrong id. The kernel drops these events;
+	// ACCEPT then fails (the connection is gone).
+	if (!id.uid)
+		return;
 	Event ev;
 	ev.id = id.handle;
 	ev.resp.uid = id.uid;
@@ -560,7 +567,9 @@ Id *State::find_listener(uint16_t space, const sockaddr_storage &dst)
 // CM makes one for every REQ (or SIDR REQ) a listener gets.
 static Id &new_request(State &s, Id &listener, Id &from)
 {
-	Id &req = s.create_id(listener.channel, listener.uid, listener.ps, listener.qp_type);
+	// No context (uid 0) until ACCEPT gives it one: the kernel's ucma drops
+	// the events of such an id (see queue_id_event).
+	Id &req = s.create_id(listener.channel, 0, listener.ps, listener.qp_type);
 	req.state = IdState::Connect;
 	req.src = from.dst;
 	req.dst = from.src;

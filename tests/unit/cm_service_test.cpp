@@ -403,6 +403,25 @@ TEST_F(CmServiceTest, DestroyedRequesterRejectsTheRequest)
 	EXPECT_EQ(accept(server, req->id, 0x200), EINVAL) << "nothing left to answer";
 }
 
+TEST_F(CmServiceTest, AnUnacceptedRequestHasNoEventsOfItsOwn)
+{
+	// The kernel's ucma drops them (the request has no context until ACCEPT
+	// gives it one); librdmacm would count such an event on the listener and
+	// wait forever in rdma_destroy_id of the request.
+	listen_and_route(5020);
+	ASSERT_EQ(connect(client, active, 0x100), 0);
+	auto req = event(server);
+	ASSERT_TRUE(req);
+	ASSERT_EQ(destroy_id(client, active), 0);  // the requester goes: a REJ to the request
+	EXPECT_FALSE(event(server));
+	EXPECT_EQ(accept(server, req->id, 0x200), EINVAL);
+	uint32_t reported = 99;
+	ASSERT_EQ(destroy_id(server, req->id, &reported), 0);
+	EXPECT_EQ(reported, 0u);
+	ASSERT_EQ(destroy_id(server, listener, &reported), 0);
+	EXPECT_EQ(reported, 1u) << "the CONNECT_REQUEST counts on its listener";
+}
+
 TEST_F(CmServiceTest, DestroyWhileEstablishedDisconnectsThePeerAndErrorsItsQp)
 {
 	establish(5009);
