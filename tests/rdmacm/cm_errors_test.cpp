@@ -58,6 +58,18 @@ int peer_main(Link &link, const std::vector<std::string> &args)
 		link.send_frame("connected");
 		return hold();
 	}
+	if (role == "client-hold") {  // connects and stays connected
+		if (!ep.connect(addr, kStep))
+			return 1;
+		link.send_frame("connected");
+		return hold();
+	}
+	if (role == "client-request") {  // sends the request, never sees the answer
+		if (!ep.start_connect(addr, kStep))
+			return 1;
+		link.send_frame("connecting");
+		return hold();
+	}
 	if (role == "client-exchange") {  // connects, one message each way, exits
 		if (!ep.connect(addr, kStep) || !ep.exchange(true, kStep))
 			return 1;
@@ -197,6 +209,58 @@ TEST(CmPeerKilled, WhileConnectedTheSurvivorIsDisconnectedAndItsQpInError)
 	ASSERT_TRUE(channel_readable(ep.channel(), kSecond)) << "no event within a second of the peer's death";
 	EXPECT_LT(std::chrono::steady_clock::now() - t0, kSecond);
 	// Before librdmacm sees the event: the daemon moved the QP itself.
+	EXPECT_EQ(ep.qp_state(), IBV_QPS_ERR);
+	auto ev = next_event(ep.channel(), kStep);
+	ASSERT_TRUE(ev);
+	EXPECT_EQ(ev->type, RDMA_CM_EVENT_DISCONNECTED) << rdma_event_str(ev->type);
+	int st = ep.send_status(kStep);
+	EXPECT_NE(st, -1) << "a send on the dead connection never completed";
+	EXPECT_NE(st, IBV_WC_SUCCESS);
+}
+
+TEST(CmPeerKilled, RequesterKilledBeforeTheAnswerFailsTheAcceptAndNothingHangs)
+{
+	Endpoint ep;
+	ASSERT_TRUE(ep.listen(ipv4("loopback", 19312)));
+	Child client = peer({"client-request", "19312"});
+	ASSERT_TRUE(ep.wait_request(kStep));
+	ASSERT_EQ(expect_frame(client, kStep), "connecting");
+	client.kill();
+	// As the kernel's ucma: a request not accepted yet has no context of
+	// its own, so its events are dropped and ACCEPT fails instead.
+	auto ev = next_event(ep.channel(), ms{500});
+	EXPECT_FALSE(ev) << "an event for a request nobody accepted: " << rdma_event_str(ev->type);
+	std::this_thread::sleep_for(ms{100});
+	EXPECT_FALSE(ep.accept(kStep)) << "accepted a request whose requester is dead";
+	// rdma_destroy_id waits for every event the daemon counted on the id.
+	rdma_cm_id *request = ep.take_id();
+	std::atomic<bool> destroyed{false};
+	std::thread destroyer([&] {
+		if (request->qp)
+			rdma_destroy_qp(request);
+		rdma_destroy_id(request);
+		destroyed = true;
+	});
+	for (int i = 0; i < 500 && !destroyed; ++i)
+		std::this_thread::sleep_for(ms{10});
+	if (!destroyed) {
+		ADD_FAILURE() << "rdma_destroy_id of the request hangs";
+		destroyer.detach();
+		return;
+	}
+	destroyer.join();
+}
+
+TEST(CmPeerKilled, PassiveSurvivorIsDisconnectedAndItsQpInError)
+{
+	Endpoint ep;
+	ASSERT_TRUE(ep.listen(ipv4("loopback", 19313)));
+	Child client = peer({"client-hold", "19313"});
+	ASSERT_TRUE(ep.wait_request(kStep));
+	ASSERT_TRUE(ep.accept(kStep));
+	ASSERT_EQ(expect_frame(client, kStep), "connected");
+	client.kill();
+	ASSERT_TRUE(channel_readable(ep.channel(), kSecond)) << "no event within a second of the peer's death";
 	EXPECT_EQ(ep.qp_state(), IBV_QPS_ERR);
 	auto ev = next_event(ep.channel(), kStep);
 	ASSERT_TRUE(ev);

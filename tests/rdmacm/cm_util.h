@@ -50,6 +50,13 @@ public:
 	rdma_event_channel *channel() const { return ch_; }
 	rdma_cm_id *id() const { return id_; }
 	rdma_cm_id *listener() const { return listener_; }
+	// The connection id, now the caller's to destroy (with its QP; its MR is ours).
+	rdma_cm_id *take_id()
+	{
+		rdma_cm_id *id = id_;
+		id_ = nullptr;
+		return id;
+	}
 
 	// Active side: resolve, create the QP, connect; true once ESTABLISHED.
 	bool connect(const sockaddr_in &dst, ms timeout);
