@@ -2,10 +2,10 @@
 // under `xsrc run`): no listener, no route, peers killed while connecting and
 // while connected, a process that never reads its events, GET_EVENT's
 // non-blocking / poll / threads / signal behaviour, ids dying with their
-// process, the id options, and malformed commands written straight to a
-// channel file (cm_malformed_test.cpp: <rdma/rdma_user_cm.h> and librdmacm's
-// header do not go together). Every wait is bounded. The binary is also its own peer
-// process (`--peer ROLE PORT...`). Ports 19300-19399.
+// process and the id options; malformed commands written straight to a
+// channel file are in cm_malformed_test.cpp (<rdma/rdma_user_cm.h> and
+// librdmacm's header do not go together). Every wait is bounded. The binary
+// is also its own peer process (`--peer ROLE PORT...`). Ports 19300-19399.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/time.h>
