@@ -272,7 +272,32 @@ TEST(CmPeerKilled, PassiveSurvivorIsDisconnectedAndItsQpInError)
 
 // --- one process does not stall the others -------------------------------------
 
+long settled_cm_objects(long want, ms timeout)
+{
+	auto deadline = std::chrono::steady_clock::now() + timeout;
+	long n = cm_objects();
+	while (n != want && std::chrono::steady_clock::now() < deadline) {
+		std::this_thread::sleep_for(ms{50});
+		n = cm_objects();
+	}
+	return n;
+}
+
+
+void stall_scenario();
+
 TEST(CmStall, AProcessThatNeverReadsItsEventsStallsNoOne)
+{
+	const long before = cm_objects();
+	ASSERT_GE(before, 0) << "`xsrc status` has no rdma_cm line";
+	{
+		stall_scenario();
+	}
+	// A died with a GET_EVENT held and events unread: nothing of it is left.
+	EXPECT_EQ(settled_cm_objects(before, kStep), before);
+}
+
+void stall_scenario()
 {
 	// B: our listener for the lazy process A, which connects twice and
 	// then reads nothing (and has a GET_EVENT held on another channel).
@@ -300,6 +325,7 @@ TEST(CmStall, AProcessThatNeverReadsItsEventsStallsNoOne)
 		EXPECT_EQ(xsrc::harness::exit_code(*status), 0);
 	}
 	EXPECT_TRUE(a.running());
+	a.kill();
 }
 
 // --- GET_EVENT ----------------------------------------------------------------
@@ -432,17 +458,6 @@ TEST(CmGetEvent, ASignalInterruptsABlockedGetEvent)
 }
 
 // --- ids die with their process -------------------------------------------------
-
-long settled_cm_objects(long want, ms timeout)
-{
-	auto deadline = std::chrono::steady_clock::now() + timeout;
-	long n = cm_objects();
-	while (n != want && std::chrono::steady_clock::now() < deadline) {
-		std::this_thread::sleep_for(ms{50});
-		n = cm_objects();
-	}
-	return n;
-}
 
 TEST(CmCleanup, IdsDieWithTheirProcess)
 {
