@@ -6,6 +6,7 @@
 //    kHeld where no GET_EVENT may wait;
 //  - a held GET_EVENT answered twice, answered without being held, or never
 //    answered once its channel is gone;
+//  - an event waiting on a channel that has a GET_EVENT waiting too;
 //  - an object (channel, id, multicast join) left once every channel is released;
 //  - an fd left open (MIGRATE_ID closes the fd it takes).
 #include <dirent.h>
@@ -94,10 +95,10 @@ public:
 		in = in.subspan(1);
 		if (op == kCancel) {
 			if (!held_.empty()) {
-				auto it = std::next(held_.begin(), arg % held_.size());
+				uint64_t token = std::next(held_.begin(), arg % held_.size())->first;
 				if (g_trace)
-					fprintf(stderr, "cancel %llu\n", static_cast<unsigned long long>(*it));
-				cm_.cancel(*it);
+					fprintf(stderr, "cancel %llu\n", static_cast<unsigned long long>(token));
+				cm_.cancel(token);
 			}
 		} else if (op == kRelease) {
 			uint64_t &ch = channels_[arg & 1];
@@ -145,11 +146,19 @@ private:
 		files_.erase(ch);
 		prune_held();
 	}
-	// Tokens answered since are no longer held.
+	// Tokens answered since are no longer held; a channel with a GET_EVENT
+	// still waiting has no event waiting (a new event goes to the waiter).
 	void prune_held()
 	{
 		for (auto &[token, err] : fe_.answers())
 			held_.erase(token);
+		for (auto &[token, ch] : held_) {
+			uid_t owner;
+			if (!cm_.channel_owner(ch, owner) || owner != kUid)
+				finding("a GET_EVENT held on a channel that is gone");
+			if (cm_.readable(ch))
+				finding("an event waits beside a waiting GET_EVENT");
+		}
 	}
 
 	void execute(uint8_t flags, std::span<const uint8_t> bytes)
@@ -187,7 +196,7 @@ private:
 		if (err == CmService::kHeld) {
 			if (!holdable || nonblock)
 				finding("held a GET_EVENT that could not wait");
-			held_.insert(token);
+			held_[token] = ch;
 			ever_held_.insert(token);
 		} else if (err < 0 || err >= 4096) {
 			finding("execute returned no errno");
@@ -202,7 +211,8 @@ private:
 	CmService cm_{host_};
 	uint64_t channels_[2] = {};
 	std::map<uint64_t, int> files_;
-	std::set<uint64_t> held_, ever_held_;
+	std::map<uint64_t, uint64_t> held_;  // token -> channel, until answered
+	std::set<uint64_t> ever_held_;
 	uint64_t next_token_ = 1;
 };
 
