@@ -674,31 +674,34 @@ struct Entry {
 	CommandHandler handler;
 };
 
-constexpr Entry kCommands[] = {
-	[RDMA_USER_CM_CMD_CREATE_ID] = {"CREATE_ID", cmd_create_id},
-	[RDMA_USER_CM_CMD_DESTROY_ID] = {"DESTROY_ID", cmd_destroy_id},
-	[RDMA_USER_CM_CMD_BIND_IP] = {"BIND_IP", cmd_bind_ip},
-	[RDMA_USER_CM_CMD_RESOLVE_IP] = {"RESOLVE_IP", cmd_resolve_ip},
-	[RDMA_USER_CM_CMD_RESOLVE_ROUTE] = {"RESOLVE_ROUTE", cmd_resolve_route},
-	[RDMA_USER_CM_CMD_QUERY_ROUTE] = {"QUERY_ROUTE", cmd_query_route},
-	[RDMA_USER_CM_CMD_CONNECT] = {"CONNECT", cmd_connect},
-	[RDMA_USER_CM_CMD_LISTEN] = {"LISTEN", cmd_listen},
-	[RDMA_USER_CM_CMD_ACCEPT] = {"ACCEPT", cmd_accept},
-	[RDMA_USER_CM_CMD_REJECT] = {"REJECT", cmd_reject},
-	[RDMA_USER_CM_CMD_DISCONNECT] = {"DISCONNECT", cmd_disconnect},
-	[RDMA_USER_CM_CMD_INIT_QP_ATTR] = {"INIT_QP_ATTR", cmd_init_qp_attr},
-	[RDMA_USER_CM_CMD_GET_EVENT] = {"GET_EVENT", cmd_get_event},
-	[RDMA_USER_CM_CMD_GET_OPTION] = {"GET_OPTION", nullptr},  // the kernel has none either: ENOSYS
-	[RDMA_USER_CM_CMD_SET_OPTION] = {"SET_OPTION", cmd_set_option},
-	[RDMA_USER_CM_CMD_NOTIFY] = {"NOTIFY", cmd_notify},
-	[RDMA_USER_CM_CMD_JOIN_IP_MCAST] = {"JOIN_IP_MCAST", cmd_join_ip_mcast},
-	[RDMA_USER_CM_CMD_LEAVE_MCAST] = {"LEAVE_MCAST", cmd_leave_mcast},
-	[RDMA_USER_CM_CMD_MIGRATE_ID] = {"MIGRATE_ID", cmd_migrate_id},
-	[RDMA_USER_CM_CMD_QUERY] = {"QUERY", cmd_query},
-	[RDMA_USER_CM_CMD_BIND] = {"BIND", cmd_bind},
-	[RDMA_USER_CM_CMD_RESOLVE_ADDR] = {"RESOLVE_ADDR", cmd_resolve_addr},
-	[RDMA_USER_CM_CMD_JOIN_MCAST] = {"JOIN_MCAST", cmd_join_mcast},
-};
+// Filled by index (clang rejects C99 array designators in C++).
+constexpr auto kCommands = [] {
+	std::array<Entry, RDMA_USER_CM_CMD_JOIN_MCAST + 1> t{};
+	t[RDMA_USER_CM_CMD_CREATE_ID] = {"CREATE_ID", cmd_create_id};
+	t[RDMA_USER_CM_CMD_DESTROY_ID] = {"DESTROY_ID", cmd_destroy_id};
+	t[RDMA_USER_CM_CMD_BIND_IP] = {"BIND_IP", cmd_bind_ip};
+	t[RDMA_USER_CM_CMD_RESOLVE_IP] = {"RESOLVE_IP", cmd_resolve_ip};
+	t[RDMA_USER_CM_CMD_RESOLVE_ROUTE] = {"RESOLVE_ROUTE", cmd_resolve_route};
+	t[RDMA_USER_CM_CMD_QUERY_ROUTE] = {"QUERY_ROUTE", cmd_query_route};
+	t[RDMA_USER_CM_CMD_CONNECT] = {"CONNECT", cmd_connect};
+	t[RDMA_USER_CM_CMD_LISTEN] = {"LISTEN", cmd_listen};
+	t[RDMA_USER_CM_CMD_ACCEPT] = {"ACCEPT", cmd_accept};
+	t[RDMA_USER_CM_CMD_REJECT] = {"REJECT", cmd_reject};
+	t[RDMA_USER_CM_CMD_DISCONNECT] = {"DISCONNECT", cmd_disconnect};
+	t[RDMA_USER_CM_CMD_INIT_QP_ATTR] = {"INIT_QP_ATTR", cmd_init_qp_attr};
+	t[RDMA_USER_CM_CMD_GET_EVENT] = {"GET_EVENT", cmd_get_event};
+	t[RDMA_USER_CM_CMD_GET_OPTION] = {"GET_OPTION", nullptr};  // the kernel has none either: ENOSYS
+	t[RDMA_USER_CM_CMD_SET_OPTION] = {"SET_OPTION", cmd_set_option};
+	t[RDMA_USER_CM_CMD_NOTIFY] = {"NOTIFY", cmd_notify};
+	t[RDMA_USER_CM_CMD_JOIN_IP_MCAST] = {"JOIN_IP_MCAST", cmd_join_ip_mcast};
+	t[RDMA_USER_CM_CMD_LEAVE_MCAST] = {"LEAVE_MCAST", cmd_leave_mcast};
+	t[RDMA_USER_CM_CMD_MIGRATE_ID] = {"MIGRATE_ID", cmd_migrate_id};
+	t[RDMA_USER_CM_CMD_QUERY] = {"QUERY", cmd_query};
+	t[RDMA_USER_CM_CMD_BIND] = {"BIND", cmd_bind};
+	t[RDMA_USER_CM_CMD_RESOLVE_ADDR] = {"RESOLVE_ADDR", cmd_resolve_addr};
+	t[RDMA_USER_CM_CMD_JOIN_MCAST] = {"JOIN_MCAST", cmd_join_mcast};
+	return t;
+}();
 
 }  // namespace
 

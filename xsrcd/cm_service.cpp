@@ -67,7 +67,7 @@ void fill_conn(rdma_ucm_conn_param &out, const ConnParams &p, uint8_t private_le
 	out.qp_num = p.qp_num;
 	out.qkey = p.qkey;
 	size_t n = std::min<size_t>(p.private_data.size(), sizeof(out.private_data));
-	std::memcpy(out.private_data, p.private_data.data(), n);
+	std::copy_n(p.private_data.begin(), n, out.private_data);  // memcpy of an empty vector's data() is UB
 	out.private_data_len = static_cast<uint8_t>(std::max<size_t>(private_len, n));
 	out.srq = p.srq;
 	out.responder_resources = p.responder_resources;
@@ -201,6 +201,13 @@ void State::queue(uint64_t channel, Event ev)
 
 void State::queue_id_event(Id &id, uint32_t event, int32_t status, const ConnParams *conn, uint8_t plen)
 {
+	// A request the application has not accepted yet has no context of its
+	// own: librdmacm would take its event for the listener's (whose uid the
+	// CONNECT_REQUEST carried) and then wait forever in rdma_destroy_id for
+	// an event it counted on the wrong id. The kernel drops these events;
+	// ACCEPT then fails (the connection is gone).
+	if (!id.uid)
+		return;
 	Event ev;
 	ev.id = id.handle;
 	ev.resp.uid = id.uid;
@@ -212,7 +219,7 @@ void State::queue_id_event(Id &id, uint32_t event, int32_t status, const ConnPar
 			ev.resp.param.ud.qp_num = conn->qp_num;
 			ev.resp.param.ud.qkey = conn->qkey;
 			size_t n = std::min<size_t>(conn->private_data.size(), sizeof(ev.resp.param.ud.private_data));
-			std::memcpy(ev.resp.param.ud.private_data, conn->private_data.data(), n);
+			std::copy_n(conn->private_data.begin(), n, ev.resp.param.ud.private_data);  // memcpy of an empty vector's data() is UB
 			ev.resp.param.ud.private_data_len = static_cast<uint8_t>(std::max<size_t>(plen, n));
 		} else {
 			fill_conn(ev.resp.param.conn, *conn, plen);
@@ -555,7 +562,9 @@ Id *State::find_listener(uint16_t space, const sockaddr_storage &dst)
 // CM makes one for every REQ (or SIDR REQ) a listener gets.
 static Id &new_request(State &s, Id &listener, Id &from)
 {
-	Id &req = s.create_id(listener.channel, listener.uid, listener.ps, listener.qp_type);
+	// No context (uid 0) until ACCEPT gives it one: the kernel's ucma drops
+	// the events of such an id (see queue_id_event).
+	Id &req = s.create_id(listener.channel, 0, listener.ps, listener.qp_type);
 	req.state = IdState::Connect;
 	req.src = from.dst;
 	req.dst = from.src;
@@ -594,7 +603,7 @@ void State::connect_sidr(Id &id, Id *listener)
 	ev.resp.event = kEvConnectRequest;
 	auto &ud = ev.resp.param.ud;
 	size_t n = std::min(id.mine.private_data.size(), sizeof(ud.private_data));
-	std::memcpy(ud.private_data, id.mine.private_data.data(), n);
+	std::copy_n(id.mine.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
 	ud.private_data_len = private_len(id, kSidrReqPrivate);
 	ud.ah_attr = ah_attr_of(req.route);
 	queue(listener->channel, ev);
@@ -684,7 +693,7 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 			ud.qkey = rep.qkey;
 			ud.ah_attr = ah_attr_of(peer->route);
 			size_t n = std::min(rep.private_data.size(), sizeof(ud.private_data));
-			std::memcpy(ud.private_data, rep.private_data.data(), n);
+			std::copy_n(rep.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
 			ud.private_data_len = kSidrRepPrivate;
 			ev.resp.ece = rep.ece;
 			queue(peer->channel, ev);

@@ -128,8 +128,13 @@ std::string ControlServer::handle(const std::string &request, bool &shutdown)
 		int err = daemon_.remove_device(name);
 		return err ? "error no device named " + name : "ok";
 	}
-	if (verb == "status" && name.empty())
-		return "ok\n" + daemon_.status();
+	if (verb == "status" && name.empty()) {
+		std::string devices = daemon_.status();
+		// rdma_cm is one device for all, listed while any device is up.
+		if (cm_ && !devices.empty())
+			devices += "rdma_cm objects=" + std::to_string(cm_->object_count()) + "\n";
+		return "ok\n" + devices;
+	}
 	if (verb == "shutdown" && name.empty()) {
 		daemon_.remove_all_devices();
 		shutdown = true;

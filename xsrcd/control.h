@@ -11,6 +11,7 @@
 
 namespace xsrc {
 
+class CmService;
 class Daemon;
 
 class ControlServer {
@@ -20,12 +21,15 @@ public:
 	ControlServer(Daemon &daemon, std::string socket_path, void (*on_shutdown)());
 	~ControlServer();  // stops the thread and removes the socket
 	int start();       // binds and starts serving; 0 or an errno
+	// `status` also counts the connection manager's objects (before start()).
+	void set_cm(CmService *cm) { cm_ = cm; }
 
 private:
 	void serve();
 	std::string handle(const std::string &request, bool &shutdown);
 
 	Daemon &daemon_;
+	CmService *cm_ = nullptr;
 	std::string path_;
 	void (*on_shutdown_)();
 	unique_fd listen_fd_;

@@ -160,6 +160,7 @@ int main(int argc, char **argv)
 		if (!monitor)
 			fprintf(stderr, "xsrcd: not watching netdevs (%s); port state is fixed\n", strerror(err));
 		xsrc::ControlServer control(daemon, socket_path, request_exit);
+		control.set_cm(&cm);
 		if ((err = control.start())) {
 			fprintf(stderr, "xsrcd: cannot listen on %s: %s\n", socket_path.c_str(), strerror(err));
 			status = 1;
