@@ -538,7 +538,9 @@ TEST_F(CmServiceTest, JoinAndLeaveMulticast)
 	EXPECT_EQ(ev->event, kMulticastJoin);
 	EXPECT_EQ(ev->uid, 0xabcu);
 	EXPECT_EQ(ev->param.ud.qp_num, 0xffffffu);
-	EXPECT_EQ(ev->param.ud.ah_attr.grh.dgid[0], 0xff);
+	// An IPv4 group on a RoCE v2 port: the IPv4-mapped GID ::ffff:224.1.2.3.
+	const uint8_t mapped[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 224, 1, 2, 3};
+	EXPECT_EQ(std::memcmp(ev->param.ud.ah_attr.grh.dgid, mapped, 16), 0);
 	EXPECT_EQ(cm.object_count(), 2u + 2u);
 	rdma_ucm_destroy_id leave{kResp, mc, 0};
 	ASSERT_EQ(run(client, RDMA_USER_CM_CMD_LEAVE_MCAST, leave, sizeof(rdma_ucm_destroy_id_resp)), 0);
