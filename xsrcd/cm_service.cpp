@@ -257,9 +257,7 @@ void State::teardown(Id &id)
 	if (!peer || peer->peer != id.handle)
 		return;
 	auto rejected = [&](uint32_t reason) {
-		peer->cm = CmState::Timewait;
-		peer->peer = 0;
-		peer->timer = 0;
+		detach_peer(*peer, CmState::Timewait);
 		ConnParams none;
 		queue_id_event(*peer, kEvRejected, static_cast<int32_t>(reason), &none, kRejPrivate);
 	};
@@ -275,9 +273,7 @@ void State::teardown(Id &id)
 	case CmState::Established: {
 		// Gone without a disconnect (destroyed, or its process died): the
 		// DREQ says so, and the survivor's QP can no longer reach anyone.
-		peer->cm = CmState::DreqRcvd;
-		peer->peer = 0;
-		peer->timer = 0;
+		detach_peer(*peer, CmState::DreqRcvd);
 		peer->state = IdState::Disconnect;
 		ConnParams none;
 		queue_id_event(*peer, kEvDisconnected, 0, &none, 0);
@@ -287,9 +283,7 @@ void State::teardown(Id &id)
 	}
 	case CmState::DreqRcvd:  // our DREP
 		if (peer->cm == CmState::DreqSent) {
-			peer->cm = CmState::Timewait;
-			peer->peer = 0;
-			peer->timer = 0;
+			detach_peer(*peer, CmState::Timewait);
 			peer->state = IdState::Disconnect;
 			ConnParams none;
 			queue_id_event(*peer, kEvDisconnected, 0, &none, 0);
@@ -297,9 +291,7 @@ void State::teardown(Id &id)
 		break;
 	case CmState::SidrReqRcvd:  // never answered: the requester gives up
 		if (peer->cm == CmState::SidrReqSent) {
-			peer->cm = CmState::None;
-			peer->peer = 0;
-			peer->timer = 0;
+			detach_peer(*peer, CmState::None);
 			queue_id_event(*peer, kEvUnreachable, -ETIMEDOUT);
 		}
 		break;
@@ -680,9 +672,7 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		id.cm = CmState::None;
 		id.peer = 0;
 		if (peer && peer->cm == CmState::SidrReqSent) {
-			peer->cm = CmState::None;
-			peer->peer = 0;
-			peer->timer = 0;
+			detach_peer(*peer, CmState::None);
 			Event ev;
 			ev.id = peer->handle;
 			ev.resp.uid = peer->uid;
@@ -743,9 +733,7 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 		id.cm = CmState::None;
 		id.peer = 0;
 		if (peer && peer->cm == CmState::SidrReqSent) {
-			peer->cm = CmState::None;
-			peer->peer = 0;
-			peer->timer = 0;
+			detach_peer(*peer, CmState::None);
 			queue_id_event(*peer, kEvUnreachable, static_cast<int32_t>(kSidrReject), &rej,
 				       kSidrRepPrivate);
 		}
@@ -760,13 +748,9 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 	default:
 		return refuse(EINVAL, "reject: nothing to reject");
 	}
-	id.cm = CmState::Timewait;
-	id.peer = 0;
-	id.timer = 0;
+	detach_peer(id, CmState::Timewait);
 	if (peer && peer->peer == id.handle) {
-		peer->cm = CmState::Timewait;
-		peer->peer = 0;
-		peer->timer = 0;
+		detach_peer(*peer, CmState::Timewait);
 		queue_id_event(*peer, kEvRejected, reason, &rej, kRejPrivate);
 	}
 	return 0;

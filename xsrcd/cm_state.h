@@ -100,6 +100,15 @@ struct Id {
 	std::set<uint32_t> mcs;
 };
 
+// This end is done with its peer: the IB CM state it ends in, no peer, no
+// pending timeout.
+inline void detach_peer(Id &id, CmState to)
+{
+	id.cm = to;
+	id.peer = 0;
+	id.timer = 0;
+}
+
 struct Multicast {
 	uint32_t handle = 0;
 	uint32_t id = 0;

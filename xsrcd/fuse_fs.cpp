@@ -78,12 +78,8 @@ public:
 		if (now)
 			it->second.answer = now;
 		it->second.registering = false;
-		if (!it->second.answer)
-			return;
-		Pending p = it->second;
-		pending_.erase(it);
-		lock.unlock();
-		reply(p, *p.answer);
+		if (it->second.answer)
+			finish(lock, it, *it->second.answer);
 	}
 	void answer(uint64_t token, int err) override
 	{
@@ -91,14 +87,10 @@ public:
 		auto it = pending_.find(token);
 		if (it == pending_.end())
 			return;
-		if (it->second.registering) {
+		if (it->second.registering)
 			it->second.answer = err;
-			return;
-		}
-		Pending p = it->second;
-		pending_.erase(it);
-		lock.unlock();
-		reply(p, err);
+		else
+			finish(lock, it, err);
 	}
 	void readable(uint64_t channel) override
 	{
@@ -129,6 +121,14 @@ public:
 	}
 
 private:
+	// Forgets the request and replies to it, outside our lock.
+	void finish(std::unique_lock<std::mutex> &lock, std::map<uint64_t, Pending>::iterator it, int err)
+	{
+		Pending p = it->second;
+		pending_.erase(it);
+		lock.unlock();
+		reply(p, err);
+	}
 	static void reply(const Pending &p, int err)
 	{
 		if (err)
@@ -176,6 +176,15 @@ struct FsState {
 FsState &state(fuse_req_t req)
 {
 	return *static_cast<FsState *>(fuse_req_userdata(req));
+}
+
+// A command file (a context's or a cm channel's): only its owner's.
+void fill_file_attr(struct stat &st, fuse_ino_t ino, uid_t uid)
+{
+	st.st_ino = ino;
+	st.st_mode = S_IFREG | 0600;
+	st.st_nlink = 1;
+	st.st_uid = uid;
 }
 
 void fill_dir_attr(struct stat &st, fuse_ino_t ino, mode_t mode)
@@ -236,20 +245,14 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info *)
 			fuse_reply_err(req, ENOENT);
 			return;
 		}
-		st.st_ino = ino;
-		st.st_mode = S_IFREG | 0600;
-		st.st_nlink = 1;
-		st.st_uid = uid;
+		fill_file_attr(st, ino, uid);
 	} else if (ino >= kContextInoBase) {
 		uid_t uid;
 		if (!fs.daemon->context_owner(ino - kContextInoBase, uid)) {
 			fuse_reply_err(req, ENOENT);
 			return;
 		}
-		st.st_ino = ino;
-		st.st_mode = S_IFREG | 0600;
-		st.st_nlink = 1;
-		st.st_uid = uid;
+		fill_file_attr(st, ino, uid);
 	} else if (!device_dir_attr(fs, ino, st)) {
 		fuse_reply_err(req, ENOENT);
 		return;
@@ -319,10 +322,7 @@ void create_cm_file(FsState &fs, fuse_req_t req, const char *name, fuse_file_inf
 		fuse_reply_err(req, EINVAL);
 		return;
 	}
-	e.attr.st_ino = e.ino;
-	e.attr.st_mode = S_IFREG | 0600;
-	e.attr.st_nlink = 1;
-	e.attr.st_uid = caller->uid;
+	fill_file_attr(e.attr, e.ino, caller->uid);
 	e.attr.st_gid = caller->gid;
 	fi->fh = kCmFh | channel;
 	command_file_options(fi);
@@ -351,10 +351,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t, fuse
 	}
 	fuse_entry_param e{};
 	e.ino = kContextInoBase + id;
-	e.attr.st_ino = e.ino;
-	e.attr.st_mode = S_IFREG | 0600;
-	e.attr.st_nlink = 1;
-	e.attr.st_uid = caller->uid;
+	fill_file_attr(e.attr, e.ino, caller->uid);
 	e.attr.st_gid = caller->gid;
 	fi->fh = id;
 	command_file_options(fi);
