@@ -34,6 +34,22 @@ int xsrc_query_device_ex(ibv_context *ibctx,
 	return 0;
 }
 
+// The raw clock as mlx5 gives it: the whole count in tv_nsec (tv_sec 0), in
+// the units of the free-running completion timestamps (hca_core_clock).
+int xsrc_query_rt_values(ibv_context *ibctx, ibv_values_ex *values)
+{
+	if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK)) {
+		verbs_debug(&to_xsrc_ctx(ibctx)->ibv_ctx, "query_rt_values: comp_mask 0x%x has unsupported bits\n",
+			    values->comp_mask);
+		return EINVAL;
+	}
+	if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+		values->raw_clock.tv_sec = 0;
+		values->raw_clock.tv_nsec = static_cast<long>(xsrc_device_clock_ns());
+	}
+	return 0;
+}
+
 int xsrc_query_port(ibv_context *ibctx, uint8_t port_num, ibv_port_attr *attr)
 {
 	struct ibv_query_port cmd{};
@@ -207,6 +223,7 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.query_device_ex = xsrc_query_device_ex,
 	.query_port = xsrc_query_port,
 	.query_qp = xsrc_query_qp,
+	.query_rt_values = xsrc_query_rt_values,
 	.query_srq = xsrc_query_srq,
 	.reg_mr = xsrc_reg_mr,
 	.req_notify_cq = xsrc_req_notify_cq,
