@@ -3,6 +3,7 @@
 // call; arming is a flag in the ring that producers check.
 #include "xsrc.h"
 
+#include <algorithm>
 #include <ctime>
 #include <new>
 
@@ -28,21 +29,45 @@ void cq_to_wc(const xsrc_cqe &c, ibv_wc &wc)
 	wc.dlid_path_bits = c.dlid_path_bits;
 }
 
+// True when the completion at `pos` of `ring` belongs to a QP that went back
+// to RESET after it was written (xsrc_cq_clean): it is not reported.
+bool cq_discarded(xsrc_cq *cq, const xsrc_cq_ring *ring, uint64_t pos, const xsrc_cqe &c)
+{
+	return std::any_of(cq->discards.begin(), cq->discards.end(), [&](const xsrc_cq_discard &d) {
+		return d.ring == ring && d.qpn == c.qp_num && pos < d.until;
+	});
+}
+
+bool cq_pop_from(xsrc_cq *cq, xsrc_cq_ring *ring, xsrc_cqe &c)
+{
+	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
+	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
+	for (;;) {
+		uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);  // we are the consumer
+		if (!xsrc::cq_pop(ring, c, may_write))
+			return false;
+		if (cq->discards.empty() || !cq_discarded(cq, ring, pos, c))
+			return true;
+	}
+}
+
 // One completion, oldest first: a ring left behind by a resize drains first.
 bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
-	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
-	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	if (cq->old_ring) {
-		if (xsrc::cq_pop(cq->old_ring, c, may_write)) {
+		if (cq_pop_from(cq, cq->old_ring, c)) {
 			cq_to_wc(c, wc);
 			return true;
 		}
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.ring == cq->old_ring; });
 		cq->old_ring = nullptr;
 	}
-	if (!xsrc::cq_pop(cq->ring, c, may_write))
+	if (!cq_pop_from(cq, cq->ring, c)) {
+		uint64_t head = atomic(cq->ring->head).load(std::memory_order_relaxed);
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= head; });
 		return false;
+	}
 	cq_to_wc(c, wc);
 	return true;
 }
@@ -306,6 +331,22 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	atomic(cq->ring->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
 				      std::memory_order_seq_cst);
 	return 0;
+}
+
+// As an HCA's provider does when a QP goes back to RESET (libmlx5's
+// mlx5_cq_clean): the QP's completions still in the CQ are not reported.
+void xsrc_cq_clean(xsrc_cq *cq, xsrc::Qpn qpn) noexcept
+{
+	std::lock_guard guard(cq->poll_lock);
+	try {
+		if (cq->old_ring)
+			cq->discards.push_back({cq->old_ring, qpn.value(),
+						atomic(cq->old_ring->tail).load(std::memory_order_acquire)});
+		cq->discards.push_back({cq->ring, qpn.value(), atomic(cq->ring->tail).load(std::memory_order_acquire)});
+	} catch (const std::bad_alloc &) {
+		verbs_err(&to_xsrc_ctx(cq->vcq.cq.context)->ibv_ctx,
+			  "modify_qp: no memory to drop QP %u's completions at RESET; they stay\n", qpn.value());
+	}
 }
 
 void xsrc_cq_event(ibv_cq *)

@@ -337,6 +337,11 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		xsrc::RecvWqe discard;
 		while (qp->rq && xsrc::recv_pop(qp->rq, discard)) {
 		}
+		// ... and so are its completions still in the CQs (flushes, say).
+		if (qp->send_cq)
+			xsrc_cq_clean(qp->send_cq, qp->qpn);
+		if (qp->recv_cq && qp->recv_cq != qp->send_cq)
+			xsrc_cq_clean(qp->recv_cq, qp->qpn);
 	}
 	return 0;
 }

@@ -99,6 +99,13 @@ struct xsrc_context {
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 };
 
+// Completions of a QP reset after they were written: positions below `until`.
+struct xsrc_cq_discard {
+	const xsrc_cq_ring *ring;
+	uint32_t qpn;
+	uint64_t until;
+};
+
 struct xsrc_cq {
 	verbs_cq vcq;
 	ibv_wc polled; // the completion start_poll/next_poll stepped onto
@@ -107,6 +114,7 @@ struct xsrc_cq {
 	xsrc_cq_ring *ring;
 	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
 	std::mutex poll_lock;        // the ring has a single consumer
+	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 };
 
 struct xsrc_srq {
@@ -224,6 +232,7 @@ int xsrc_resize_cq(ibv_cq *cq, int cqe);
 int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc) noexcept;
 int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only);
 void xsrc_cq_event(ibv_cq *cq);
+void xsrc_cq_clean(xsrc_cq *cq, xsrc::Qpn qpn) noexcept;
 
 // qp.cpp
 ibv_qp *xsrc_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr);
