@@ -157,6 +157,7 @@ int xsrc_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t lengt
 					       &cmd, sizeof(cmd), &resp, sizeof(resp))) {
 			verbs_err(&ctx->ibv_ctx, "rereg_mr: the device refused flags 0x%x for lkey 0x%x: %s\n", flags,
 				  mr.lkey, strerror(err));
+			errno = err;  // ibv_rereg_mr answers IBV_REREG_MR_ERR_CMD; errno says why
 			return err;
 		}
 		if (wrote)

@@ -513,3 +513,54 @@ TEST(VerbsEx, QpCreateFlags)
 	EXPECT_EQ(errno, EOPNOTSUPP);
 	ibv_destroy_cq(cq);
 }
+
+// A QP moved back to RESET takes its completions still in the CQ with it (as
+// libmlx5 does), and only its own: another QP's completion stays.
+TEST(VerbsEx, ResetDropsTheQpsCompletions)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	ASSERT_NE(cq, nullptr);
+	ibv_qp_init_attr_ex attr{};
+	attr.qp_type = IBV_QPT_RC;
+	attr.send_cq = cq;
+	attr.recv_cq = cq;
+	attr.cap = {4, 4, 1, 1, 0};
+	attr.pd = d.pd;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ibv_qp *a = ibv_create_qp_ex(d.ctx, &attr);
+	ibv_qp *b = ibv_create_qp_ex(d.ctx, &attr);
+	ASSERT_TRUE(a && b);
+	std::vector<char> buf(64);
+	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	ibv_qp_attr init{};
+	init.qp_state = IBV_QPS_INIT;
+	init.port_num = kPort;
+	for (ibv_qp *qp : {a, b}) {
+		ASSERT_EQ(ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+		ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 64, mr->lkey};
+		ibv_recv_wr rwr{};
+		rwr.wr_id = qp->qp_num;
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		ibv_recv_wr *bad;
+		ASSERT_EQ(ibv_post_recv(qp, &rwr, &bad), 0);
+		ibv_qp_attr err{};
+		err.qp_state = IBV_QPS_ERR;
+		ASSERT_EQ(ibv_modify_qp(qp, &err, IBV_QP_STATE), 0);  // flushes the receive
+	}
+	ibv_qp_attr reset{};
+	reset.qp_state = IBV_QPS_RESET;
+	ASSERT_EQ(ibv_modify_qp(a, &reset, IBV_QP_STATE), 0);
+	ibv_wc wc[4];
+	ASSERT_EQ(ibv_poll_cq(cq, 4, wc), 1);
+	EXPECT_EQ(wc[0].qp_num, b->qp_num);
+	EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+	EXPECT_EQ(ibv_poll_cq(cq, 4, wc), 0);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+}
