@@ -44,6 +44,12 @@
  * which the provider creates its command file. */
 #define XSRC_SYSFS_CMD_DIR_FILE "xsrc_cmd_dir"
 
+/* The device clock: the hca_core_clock of QUERY_DEVICE (ex), in kHz. It is
+ * CLOCK_MONOTONIC_RAW in nanoseconds, read by the provider (free-running
+ * completion timestamps, ibv_query_rt_values_ex's raw_clock); no layout
+ * carries it, so it is the same in every revision. */
+#define XSRC_CORE_CLOCK_KHZ 1000000
+
 /* Completion-channel pipes the provider may register at GET_CONTEXT. */
 #define XSRC_MAX_CHANNEL_FDS 8
 

@@ -120,6 +120,8 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 	ib_uverbs_ex_query_device_resp resp{};
 	fill_query_device(*ctx.device, resp.base);
 	resp.device_cap_flags_ex = resp.base.device_cap_flags;
+	resp.timestamp_mask = UINT64_MAX;  // a 64-bit nanosecond count
+	resp.hca_core_clock = XSRC_CORE_CLOCK_KHZ;
 	// Older callers have less room; response_length says how much is valid.
 	constexpr size_t min_len = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
 	if (req.core_resp_len < min_len)

@@ -99,9 +99,9 @@ int cmd_ex_create_cq(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<ib_uverbs_ex_create_cq>(req.core);
 	if (cmd.comp_mask || cmd.reserved)
 		return refuse(EINVAL, "non-zero comp_mask or reserved field");
-	if (cmd.flags & IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION)
-		return refuse(EOPNOTSUPP, "completion timestamps are not supported");
-	if (cmd.flags & ~static_cast<uint32_t>(IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN))
+	// Timestamps are the provider's (it stamps what it polls): nothing to keep here.
+	constexpr uint32_t known_flags = IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION | IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN;
+	if (cmd.flags & ~known_flags)
 		return refuse(EOPNOTSUPP, "unknown CQ flags");
 	return create_cq(ctx, caller, req, cmd.user_handle, cmd.cqe, cmd.comp_vector,
 			 cmd.comp_channel, true);

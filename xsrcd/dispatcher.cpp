@@ -55,6 +55,7 @@ const CommandTable &write_commands()
 		t[IB_USER_VERBS_CMD_REG_MR] = spec<ib_uverbs_reg_mr>("REG_MR", cmd_reg_mr, true);
 		t[IB_USER_VERBS_CMD_DEREG_MR] =
 			spec<ib_uverbs_dereg_mr>("DEREG_MR", cmd_dereg_mr, false);
+		t[IB_USER_VERBS_CMD_REREG_MR] = spec<ib_uverbs_rereg_mr>("REREG_MR", cmd_rereg_mr, true);
 		t[IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL] =
 			spec<ib_uverbs_create_comp_channel>("CREATE_COMP_CHANNEL", cmd_create_comp_channel, true);
 		t[IB_USER_VERBS_CMD_CREATE_CQ] =

@@ -23,6 +23,7 @@ int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req);
 int cmd_dealloc_pd(Context &ctx, Caller &caller, const Request &req);
 int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req);
 int cmd_dereg_mr(Context &ctx, Caller &caller, const Request &req);
+int cmd_rereg_mr(Context &ctx, Caller &caller, const Request &req);
 void release_pd(Context &ctx, uint32_t handle);
 void release_mr(Context &ctx, uint32_t handle);
 

@@ -157,6 +157,72 @@ void release_mr(Context &ctx, uint32_t handle)
 	erase_object(ctx, handle);
 }
 
+// As the kernel's rereg: the MR keeps its handle and here its keys too, so a
+// peer's old rkey reaches the new range, PD and access at once. The entry is
+// taken out of the table while it changes (as dereg does), then published.
+int cmd_rereg_mr(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<ib_uverbs_rereg_mr>(req.core);
+	if (int err = check_no_driver_data(req))
+		return err;
+	// enum ib_mr_rereg_flags (the kernel's; <rdma/ib_user_verbs.h> has no names)
+	constexpr uint32_t IB_MR_REREG_TRANS = 1, IB_MR_REREG_PD = 2, IB_MR_REREG_ACCESS = 4;
+	constexpr uint32_t kRereg = IB_MR_REREG_TRANS | IB_MR_REREG_PD | IB_MR_REREG_ACCESS;
+	if (!cmd.flags || (cmd.flags & ~kRereg))
+		return refuse(EINVAL, "no flags, or unknown rereg flags");
+	constexpr uint64_t kPageOffset = 4095;
+	if ((cmd.flags & IB_MR_REREG_TRANS) && (cmd.start & kPageOffset) != (cmd.hca_va & kPageOffset))
+		return refuse(EINVAL, "start and hca_va differ in their page offset");
+	Mr *mr = lookup<Mr>(ctx, cmd.mr_handle);
+	if (!mr)
+		return refuse(EINVAL, "no such MR handle");
+	Mr next = *mr;
+	Pd *new_pd = nullptr;
+	if (cmd.flags & IB_MR_REREG_PD) {
+		new_pd = lookup<Pd>(ctx, cmd.pd_handle);
+		if (!new_pd)
+			return refuse(EINVAL, "no such PD handle");
+		next.pd_handle = PdHandle(cmd.pd_handle);
+	}
+	if (cmd.flags & IB_MR_REREG_ACCESS) {
+		if (cmd.access_flags & ~kSupportedAccess)
+			return refuse(EOPNOTSUPP, "unsupported access flags");
+		if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
+		    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
+			return refuse(EINVAL, "remote write or atomic access without local write");
+		next.access = cmd.access_flags;
+	}
+	if (cmd.flags & IB_MR_REREG_TRANS) {
+		if (cmd.length == 0 || cmd.start + cmd.length < cmd.start)
+			return refuse(EINVAL, "zero length, or the range wraps around");
+		next.addr = cmd.start;
+		next.length = cmd.length;
+		next.iova = cmd.hca_va;
+	}
+	// The caller's mappings decide for the range and access the MR will have.
+	bool writable = next.access & (IB_UVERBS_ACCESS_LOCAL_WRITE | IB_UVERBS_ACCESS_REMOTE_WRITE |
+				       IB_UVERBS_ACCESS_REMOTE_ATOMIC);
+	if (int err = caller.check_mapped(next.addr, next.length, writable))
+		return refuse(err, "the range is not mapped in the caller, or not writable");
+	ib_uverbs_rereg_mr_resp resp{};
+	resp.lkey = next.lkey.value();
+	resp.rkey = next.rkey.value();
+	if (int err = respond(caller, req, as_bytes_of(resp)))
+		return err;
+	Pd *old_pd = lookup<Pd>(ctx, mr->pd_handle);
+	if (new_pd && new_pd != old_pd) {
+		++new_pd->use_count;
+		if (old_pd)
+			--old_pd->use_count;
+	}
+	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr->index());
+	store_release<__u32>(e.key, 0);  // first: no access passes the check while it changes
+	*mr = next;
+	Pd *pd = lookup<Pd>(ctx, mr->pd_handle);
+	publish_mr(ctx, *mr, pd ? pd->pd_id : PdId(0));
+	return 0;
+}
+
 int cmd_dereg_mr(Context &ctx, Caller &, const Request &req)
 {
 	auto cmd = load<ib_uverbs_dereg_mr>(req.core);

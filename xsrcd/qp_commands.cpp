@@ -317,7 +317,8 @@ constexpr uint32_t kCreateManagedSend = 1u << 3;
 constexpr uint32_t kCreateManagedRecv = 1u << 4;
 
 // Create flags the kernel knows (enum ib_qp_create_flags, as far as the
-// write ABI passes them); none of them is supported here.
+// write ABI passes them). Only BLOCK_MULTICAST_LOOPBACK is supported, on UD
+// QPs: a send to a group never reaches the sending QP here anyway.
 constexpr uint32_t kKnownCreateFlags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB |
 				       kCreateCrossChannel | kCreateManagedSend | kCreateManagedRecv |
 				       IBV_QP_CREATE_SCATTER_FCS | IBV_QP_CREATE_CVLAN_STRIPPING |
@@ -353,8 +354,10 @@ int cmd_ex_create_qp(Context &ctx, Caller &caller, const Request &req)
 		return refuse(EINVAL, "an indirection table (no such object here)");
 	if (cmd.create_flags & ~kKnownCreateFlags)
 		return refuse(EINVAL, "unknown create_flags");
-	if (cmd.create_flags)
+	if (cmd.create_flags & ~static_cast<uint32_t>(IBV_QP_CREATE_BLOCK_SELF_MCAST_LB))
 		return refuse(EOPNOTSUPP, "create_flags not supported");
+	if (cmd.create_flags && cmd.qp_type != IBV_QPT_UD)
+		return refuse(EOPNOTSUPP, "BLOCK_MULTICAST_LOOPBACK on a QP that is not UD");
 	return create_qp(ctx, caller, req, qp_init_from(cmd), true);
 }
 

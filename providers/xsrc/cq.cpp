@@ -3,6 +3,8 @@
 // call; arming is a flag in the ring that producers check.
 #include "xsrc.h"
 
+#include <algorithm>
+#include <ctime>
 #include <new>
 
 namespace {
@@ -27,21 +29,45 @@ void cq_to_wc(const xsrc_cqe &c, ibv_wc &wc)
 	wc.dlid_path_bits = c.dlid_path_bits;
 }
 
+// True when the completion at `pos` of `ring` belongs to a QP that went back
+// to RESET after it was written (xsrc_cq_clean): it is not reported.
+bool cq_discarded(xsrc_cq *cq, const xsrc_cq_ring *ring, uint64_t pos, const xsrc_cqe &c)
+{
+	return std::any_of(cq->discards.begin(), cq->discards.end(), [&](const xsrc_cq_discard &d) {
+		return d.ring == ring && d.qpn == c.qp_num && pos < d.until;
+	});
+}
+
+bool cq_pop_from(xsrc_cq *cq, xsrc_cq_ring *ring, xsrc_cqe &c)
+{
+	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
+	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
+	for (;;) {
+		uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);  // we are the consumer
+		if (!xsrc::cq_pop(ring, c, may_write))
+			return false;
+		if (cq->discards.empty() || !cq_discarded(cq, ring, pos, c))
+			return true;
+	}
+}
+
 // One completion, oldest first: a ring left behind by a resize drains first.
 bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
-	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
-	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	if (cq->old_ring) {
-		if (xsrc::cq_pop(cq->old_ring, c, may_write)) {
+		if (cq_pop_from(cq, cq->old_ring, c)) {
 			cq_to_wc(c, wc);
 			return true;
 		}
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.ring == cq->old_ring; });
 		cq->old_ring = nullptr;
 	}
-	if (!xsrc::cq_pop(cq->ring, c, may_write))
+	if (!cq_pop_from(cq, cq->ring, c)) {
+		uint64_t head = atomic(cq->ring->head).load(std::memory_order_relaxed);
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= head; });
 		return false;
+	}
 	cq_to_wc(c, wc);
 	return true;
 }
@@ -53,6 +79,17 @@ xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
 }
 
 // --- the extended poll interface (ibv_start_poll & co) ---------------------
+
+// A completion is stamped when the poll takes it from the ring (the device
+// has no clock of its own that writers share): free-running stamps are the
+// device clock of xsrc_device_clock_ns(), wall-clock stamps CLOCK_REALTIME.
+void cq_stamp(xsrc_cq *cq)
+{
+	if (cq->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
+		cq->polled_ts = xsrc_device_clock_ns();
+	else if (cq->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
+		cq->polled_ts = xsrc_clock_ns(CLOCK_REALTIME);
+}
 
 int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 {
@@ -67,6 +104,7 @@ int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
+	cq_stamp(cq);
 	ibcq->wr_id = cq->polled.wr_id;
 	ibcq->status = cq->polled.status;
 	return 0;
@@ -77,6 +115,7 @@ int cq_next_poll(ibv_cq_ex *ibcq)
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	if (!cq_pop_one(cq, cq->polled))
 		return ENOENT;
+	cq_stamp(cq);
 	ibcq->wr_id = cq->polled.wr_id;
 	ibcq->status = cq->polled.status;
 	return 0;
@@ -98,6 +137,20 @@ uint32_t cq_read_slid(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.slid; }
 uint8_t cq_read_sl(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.sl; }
 uint8_t cq_read_dlid_path_bits(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.dlid_path_bits; }
 
+// A CQ with both stamps reads the free-running one from the device clock and
+// the wall-clock one converted from it (one clock read per completion).
+uint64_t cq_read_completion_ts(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled_ts; }
+uint64_t cq_read_completion_wallclock_ns(ibv_cq_ex *ibcq)
+{
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	if (!(cq->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP))
+		return cq->polled_ts;
+	return cq->polled_ts + (xsrc_clock_ns(CLOCK_REALTIME) - xsrc_device_clock_ns());
+}
+
+// The device has no tag matching (tm_caps are zero): no completion carries a tag.
+void cq_read_tm_info(ibv_cq_ex *, ibv_wc_tm_info *tm_info) { *tm_info = {}; }
+
 void cq_set_poll_ops(ibv_cq_ex &cq)
 {
 	cq.start_poll = cq_start_poll;
@@ -113,6 +166,9 @@ void cq_set_poll_ops(ibv_cq_ex &cq)
 	cq.read_slid = cq_read_slid;
 	cq.read_sl = cq_read_sl;
 	cq.read_dlid_path_bits = cq_read_dlid_path_bits;
+	cq.read_completion_ts = cq_read_completion_ts;
+	cq.read_completion_wallclock_ns = cq_read_completion_wallclock_ns;
+	cq.read_tm_info = cq_read_tm_info;
 }
 
 // Completes a CQ the daemon created: its ring, and the channel pool the
@@ -135,7 +191,9 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 using create_cq_resp = verbs_drv_buf<ib_uverbs_create_cq_resp, xsrc_create_cq_resp>;
 using create_cq_ex_resp = verbs_drv_buf<ib_uverbs_ex_create_cq_resp, xsrc_create_cq_resp>;
 
-constexpr uint64_t supported_wc_flags = IBV_WC_STANDARD_FLAGS;
+// Not CVLAN or FLOW_TAG: they belong to raw packet QPs, which xsrc lacks.
+constexpr uint64_t supported_wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+					IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
 constexpr uint32_t supported_cq_comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
 constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
 
@@ -208,6 +266,7 @@ ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 	}
 	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
+	cq->wc_flags = attr->wc_flags;
 	cq_set_poll_ops(cq->vcq.cq_ex);
 	return &cq->vcq.cq_ex;
 }
@@ -272,6 +331,22 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	atomic(cq->ring->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
 				      std::memory_order_seq_cst);
 	return 0;
+}
+
+// As an HCA's provider does when a QP goes back to RESET (libmlx5's
+// mlx5_cq_clean): the QP's completions still in the CQ are not reported.
+void xsrc_cq_clean(xsrc_cq *cq, xsrc::Qpn qpn) noexcept
+{
+	std::lock_guard guard(cq->poll_lock);
+	try {
+		if (cq->old_ring)
+			cq->discards.push_back({cq->old_ring, qpn.value(),
+						atomic(cq->old_ring->tail).load(std::memory_order_acquire)});
+		cq->discards.push_back({cq->ring, qpn.value(), atomic(cq->ring->tail).load(std::memory_order_acquire)});
+	} catch (const std::bad_alloc &) {
+		verbs_err(&to_xsrc_ctx(cq->vcq.cq.context)->ibv_ctx,
+			  "modify_qp: no memory to drop QP %u's completions at RESET; they stay\n", qpn.value());
+	}
 }
 
 void xsrc_cq_event(ibv_cq *)

@@ -14,7 +14,11 @@ constexpr uint64_t supported_send_ops =
 	IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
 	IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 constexpr uint32_t supported_init_mask =
-	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD;
+	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+// A UD send to a group never reaches the sending QP (mcast.cpp), so blocking
+// self loopback costs nothing; the other flags are for raw packet QPs or
+// hardware features xsrc lacks.
+constexpr uint32_t supported_ud_create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
 
 verbs_context *qp_vctx(const xsrc_qp *qp)
 {
@@ -144,8 +148,10 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
-	if (attr->create_flags) {
-		verbs_err(vctx, "create_qp: create_flags 0x%x are not supported\n", attr->create_flags);
+	uint32_t create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
+	if (create_flags & ~(attr->qp_type == IBV_QPT_UD ? supported_ud_create_flags : 0)) {
+		verbs_err(vctx, "create_qp: create_flags 0x%x are not supported on QP type %d\n", create_flags,
+			  attr->qp_type);
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
@@ -331,6 +337,11 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		xsrc::RecvWqe discard;
 		while (qp->rq && xsrc::recv_pop(qp->rq, discard)) {
 		}
+		// ... and so are its completions still in the CQs (flushes, say).
+		if (qp->send_cq)
+			xsrc_cq_clean(qp->send_cq, qp->qpn);
+		if (qp->recv_cq && qp->recv_cq != qp->send_cq)
+			xsrc_cq_clean(qp->recv_cq, qp->qpn);
 	}
 	return 0;
 }

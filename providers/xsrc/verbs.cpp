@@ -34,6 +34,22 @@ int xsrc_query_device_ex(ibv_context *ibctx,
 	return 0;
 }
 
+// The raw clock as mlx5 gives it: the whole count in tv_nsec (tv_sec 0), in
+// the units of the free-running completion timestamps (hca_core_clock).
+int xsrc_query_rt_values(ibv_context *ibctx, ibv_values_ex *values)
+{
+	if (values->comp_mask & ~static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK)) {
+		verbs_debug(&to_xsrc_ctx(ibctx)->ibv_ctx, "query_rt_values: comp_mask 0x%x has unsupported bits\n",
+			    values->comp_mask);
+		return EINVAL;
+	}
+	if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+		values->raw_clock.tv_sec = 0;
+		values->raw_clock.tv_nsec = static_cast<long>(xsrc_device_clock_ns());
+	}
+	return 0;
+}
+
 int xsrc_query_port(ibv_context *ibctx, uint8_t port_num, ibv_port_attr *attr)
 {
 	struct ibv_query_port cmd{};
@@ -123,6 +139,36 @@ ibv_mr *xsrc_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 			     [&] { return mr_register(pd, addr, length, hca_va, access); });
 }
 
+// The bytes this context may have written into move with the MR (the CQ
+// ring's payload check, local_mrs) once the device has accepted the change.
+int xsrc_rereg_mr(verbs_mr *vmr, int flags, ibv_pd *pd, void *addr, size_t length, int access)
+{
+	ibv_mr &mr = vmr->ibv_mr;
+	xsrc_context *ctx = to_xsrc_ctx(mr.context);
+	return xsrc_boundary(&ctx->ibv_ctx, "rereg_mr", [&] {
+		struct ibv_rereg_mr cmd{};
+		ib_uverbs_rereg_mr_resp resp{};
+		bool wrote = vmr->access & IBV_ACCESS_LOCAL_WRITE;
+		uint64_t old_addr = reinterpret_cast<uintptr_t>(mr.addr), old_length = mr.length;
+		int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : vmr->access;
+		uint64_t new_addr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? reinterpret_cast<uintptr_t>(addr) : old_addr;
+		uint64_t new_length = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : old_length;
+		if (int err = ibv_cmd_rereg_mr(vmr, flags, addr, length, reinterpret_cast<uintptr_t>(addr), access, pd,
+					       &cmd, sizeof(cmd), &resp, sizeof(resp))) {
+			verbs_err(&ctx->ibv_ctx, "rereg_mr: the device refused flags 0x%x for lkey 0x%x: %s\n", flags,
+				  mr.lkey, strerror(err));
+			errno = err;  // ibv_rereg_mr answers IBV_REREG_MR_ERR_CMD; errno says why
+			return err;
+		}
+		if (wrote)
+			ctx->local_mrs.remove(old_addr, old_length);
+		if (new_access & IBV_ACCESS_LOCAL_WRITE)
+			ctx->local_mrs.add(new_addr, new_length);
+		vmr->access = new_access;
+		return 0;
+	});
+}
+
 int xsrc_dereg_mr(verbs_mr *vmr)
 {
 	ibv_mr &mr = vmr->ibv_mr;
@@ -207,8 +253,10 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.query_device_ex = xsrc_query_device_ex,
 	.query_port = xsrc_query_port,
 	.query_qp = xsrc_query_qp,
+	.query_rt_values = xsrc_query_rt_values,
 	.query_srq = xsrc_query_srq,
 	.reg_mr = xsrc_reg_mr,
 	.req_notify_cq = xsrc_req_notify_cq,
+	.rereg_mr = xsrc_rereg_mr,
 	.resize_cq = xsrc_resize_cq,
 };

@@ -277,6 +277,11 @@ struct ibv_reg_mr {
 	ib_uverbs_reg_mr core_payload;
 };
 
+struct ibv_rereg_mr {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_rereg_mr core_payload;
+};
+
 struct ibv_create_cq {
 	ib_uverbs_cmd_hdr hdr;
 	ib_uverbs_create_cq core_payload;
@@ -401,6 +406,9 @@ int ibv_cmd_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
 		   size_t cmd_size, ib_uverbs_reg_mr_resp *resp,
 		   size_t resp_size);
 int ibv_cmd_dereg_mr(verbs_mr *vmr);
+int ibv_cmd_rereg_mr(verbs_mr *vmr, uint32_t flags, void *addr, size_t length, uint64_t hca_va, int access,
+		     ibv_pd *pd, struct ibv_rereg_mr *cmd, size_t cmd_sz, ib_uverbs_rereg_mr_resp *resp,
+		     size_t resp_sz);
 int ibv_cmd_create_cq(ibv_context *context, int cqe, ibv_comp_channel *channel,
 		      int comp_vector, ibv_cq *cq, struct ibv_create_cq *cmd,
 		      size_t cmd_size, ib_uverbs_create_cq_resp *resp,
@@ -578,6 +586,9 @@ XSRC_PIN_AT(struct ibv_alloc_pd, core_payload.response, 8);
 XSRC_PIN_SIZE(struct ibv_reg_mr, 48);
 XSRC_PIN_AT(struct ibv_reg_mr, core_payload.start, 16);
 XSRC_PIN_AT(struct ibv_reg_mr, core_payload.access_flags, 44);
+XSRC_PIN_SIZE(struct ibv_rereg_mr, 56);
+XSRC_PIN_AT(struct ibv_rereg_mr, core_payload.start, 24);
+XSRC_PIN_AT(struct ibv_rereg_mr, core_payload.access_flags, 52);
 XSRC_PIN_SIZE(struct ibv_create_cq, 40);
 XSRC_PIN_AT(struct ibv_create_cq, core_payload.user_handle, 16);
 XSRC_PIN_AT(struct ibv_create_cq, core_payload.comp_channel, 32);

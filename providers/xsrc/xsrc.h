@@ -7,6 +7,7 @@
 
 #include "verbs_private.h"
 
+#include <ctime>
 #include <xsrc-abi.h>
 
 #include <unistd.h>
@@ -98,12 +99,22 @@ struct xsrc_context {
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 };
 
+// Completions of a QP reset after they were written: positions below `until`.
+struct xsrc_cq_discard {
+	const xsrc_cq_ring *ring;
+	uint32_t qpn;
+	uint64_t until;
+};
+
 struct xsrc_cq {
 	verbs_cq vcq;
 	ibv_wc polled; // the completion start_poll/next_poll stepped onto
+	uint64_t polled_ts;          // its free-running / wall-clock time in ns, if the CQ asked
+	uint64_t wc_flags;           // ibv_cq_init_attr_ex::wc_flags (0 for ibv_create_cq)
 	xsrc_cq_ring *ring;
 	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
 	std::mutex poll_lock;        // the ring has a single consumer
+	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 };
 
 struct xsrc_srq {
@@ -221,6 +232,7 @@ int xsrc_resize_cq(ibv_cq *cq, int cqe);
 int xsrc_poll_cq(ibv_cq *cq, int num_entries, ibv_wc *wc) noexcept;
 int xsrc_req_notify_cq(ibv_cq *cq, int solicited_only);
 void xsrc_cq_event(ibv_cq *cq);
+void xsrc_cq_clean(xsrc_cq *cq, xsrc::Qpn qpn) noexcept;
 
 // qp.cpp
 ibv_qp *xsrc_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr);
@@ -328,6 +340,15 @@ inline int xsrc_errno_of_current_exception() noexcept
 		return EIO;
 	}
 }
+
+// The device clock (XSRC_CORE_CLOCK_KHZ): CLOCK_MONOTONIC_RAW in ns.
+inline uint64_t xsrc_clock_ns(clockid_t clock) noexcept
+{
+	timespec ts{};
+	clock_gettime(clock, &ts);
+	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+inline uint64_t xsrc_device_clock_ns() noexcept { return xsrc_clock_ns(CLOCK_MONOTONIC_RAW); }
 
 // Runs the body of an op libibverbs calls: no exception crosses its C ABI.
 // One that escapes the body is logged and becomes an errno, returned as

@@ -2,7 +2,7 @@
 // the captured programs never send (the provider uses the non-extended
 // commands): extended CREATE_CQ / CREATE_QP / MODIFY_QP, RESIZE_CQ,
 // REQ_NOTIFY_CQ, SRQ modify/query, RAISE_EVENT on the stream's own objects,
-// XSRC_CMD_COPY, ATTACH_MCAST / DETACH_MCAST. Built from the kernel's and xsrc's own structs, so the
+// XSRC_CMD_COPY, REREG_MR, ATTACH_MCAST / DETACH_MCAST. Built from the kernel's and xsrc's own structs, so the
 // seeds follow the ABI headers. Handles and numbers are those a fresh device
 // hands out (handles from 0, QPN/SRQN from their bases, MR keys from 1 << 8).
 //   xsrcd_fuzz_seeds OUTDIR    (tests/fuzz/corpus: synthetic-*)
@@ -268,6 +268,20 @@ Stream srq_and_copy()
 	cp.length = 8;
 	cp.compare_add = 1;
 	s.cmd(XSRC_CMD_COPY, cp, sizeof(xsrc_copy_resp));
+	ib_uverbs_rereg_mr rr{};  // the MR moves, loses remote access, changes PD (to its own), is refused
+	rr.response = kSomeResponse;
+	rr.mr_handle = 4;
+	rr.flags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS;
+	rr.start = rr.hca_va = kSomeAddress + 8192;
+	rr.length = 4096;
+	rr.access_flags = IBV_ACCESS_LOCAL_WRITE;
+	s.cmd(IB_USER_VERBS_CMD_REREG_MR, rr, sizeof(ib_uverbs_rereg_mr_resp));
+	rr.flags = IBV_REREG_MR_CHANGE_PD;
+	rr.pd_handle = 0;
+	s.cmd(IB_USER_VERBS_CMD_REREG_MR, rr, sizeof(ib_uverbs_rereg_mr_resp));
+	rr.flags = 0;
+	s.cmd(IB_USER_VERBS_CMD_REREG_MR, rr, sizeof(ib_uverbs_rereg_mr_resp));  // EINVAL
+	s.cmd(XSRC_CMD_COPY, cp, sizeof(xsrc_copy_resp));  // the key now misses
 	ib_uverbs_destroy_srq ds{};
 	ds.response = kSomeResponse;
 	ds.srq_handle = 2;

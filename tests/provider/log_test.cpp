@@ -98,7 +98,7 @@ TEST(ProviderLog, CreateQpNamesUnsupportedFlags)
 		},
 		code);
 	EXPECT_EQ(code, 0);
-	EXPECT_NE(line.find("create_qp: comp_mask"), std::string::npos) << line;
+	EXPECT_NE(line.find("create_qp: create_flags 0x100"), std::string::npos) << line;
 }
 
 // A refused post (debug level): the limit is in the line.

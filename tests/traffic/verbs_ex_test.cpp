@@ -7,6 +7,8 @@
 #include <poll.h>
 
 #include <chrono>
+#include <ctime>
+#include <utility>
 #include <cstring>
 #include <gtest/gtest.h>
 #include <thread>
@@ -329,3 +331,236 @@ TEST(VerbsEx, UdReceiveCarriesTheGrh)
 }
 
 }  // namespace
+
+namespace {
+
+uint64_t clock_ns(clockid_t clock)
+{
+	timespec ts{};
+	clock_gettime(clock, &ts);
+	return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+ibv_cq_ex *make_stamped_cq(ibv_context *ctx, uint64_t stamp)
+{
+	ibv_cq_init_attr_ex attr{};
+	attr.cqe = 16;
+	attr.wc_flags = IBV_WC_STANDARD_FLAGS | stamp;
+	return ibv_create_cq_ex(ctx, &attr);
+}
+
+// One signaled SEND a -> b; returns {send stamp, receive stamp}.
+std::pair<uint64_t, uint64_t> stamped_send(Device &d, ibv_cq_ex *scq, ibv_cq_ex *rcq, bool wallclock)
+{
+	ibv_qp_init_attr_ex attr{};
+	attr.qp_type = IBV_QPT_RC;
+	attr.send_cq = ibv_cq_ex_to_cq(scq);
+	attr.recv_cq = ibv_cq_ex_to_cq(rcq);
+	attr.cap = {4, 4, 1, 1, 0};
+	attr.pd = d.pd;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ibv_qp *a = ibv_create_qp_ex(d.ctx, &attr);
+	ibv_qp *b = ibv_create_qp_ex(d.ctx, &attr);
+	EXPECT_TRUE(a && b);
+	if (!a || !b)
+		return {0, 0};
+	connect_rc(d, a, b->qp_num);
+	connect_rc(d, b, a->qp_num);
+	std::vector<char> buf(64, 'x');
+	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	EXPECT_NE(mr, nullptr);
+	ibv_sge rsge{reinterpret_cast<uintptr_t>(buf.data()) + 32, 32, mr->lkey};
+	ibv_recv_wr rwr{};
+	rwr.sg_list = &rsge;
+	rwr.num_sge = 1;
+	ibv_recv_wr *bad_r;
+	EXPECT_EQ(ibv_post_recv(b, &rwr, &bad_r), 0);
+	ibv_sge ssge{reinterpret_cast<uintptr_t>(buf.data()), 32, mr->lkey};
+	ibv_send_wr swr{};
+	swr.sg_list = &ssge;
+	swr.num_sge = 1;
+	swr.opcode = IBV_WR_SEND;
+	swr.send_flags = IBV_SEND_SIGNALED;
+	ibv_send_wr *bad_s;
+	EXPECT_EQ(ibv_post_send(a, &swr, &bad_s), 0);
+	uint64_t stamps[2] = {0, 0};
+	ibv_cq_ex *cqs[2] = {scq, rcq};
+	for (int i = 0; i < 2; ++i) {
+		ibv_poll_cq_attr pa{};
+		auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+		int ret;
+		while ((ret = ibv_start_poll(cqs[i], &pa)) == ENOENT && std::chrono::steady_clock::now() < deadline)
+			;
+		EXPECT_EQ(ret, 0);
+		if (ret)
+			continue;
+		EXPECT_EQ(cqs[i]->status, IBV_WC_SUCCESS);
+		stamps[i] = wallclock ? ibv_wc_read_completion_wallclock_ns(cqs[i]) : ibv_wc_read_completion_ts(cqs[i]);
+		ibv_end_poll(cqs[i]);
+	}
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	return {stamps[0], stamps[1]};
+}
+
+}  // namespace
+
+// The free-running stamps are the device clock ibv_query_rt_values_ex reads,
+// in hca_core_clock units; the wall-clock ones are CLOCK_REALTIME.
+TEST(VerbsEx, CompletionTimestampsFollowTheDeviceClock)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_device_attr_ex dev{};
+	ASSERT_EQ(ibv_query_device_ex(d.ctx, nullptr, &dev), 0);
+	EXPECT_EQ(dev.hca_core_clock, 1000000u);  // kHz: a nanosecond counter
+	EXPECT_EQ(dev.completion_timestamp_mask, UINT64_MAX);
+
+	ibv_values_ex before{};
+	before.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+	ASSERT_EQ(ibv_query_rt_values_ex(d.ctx, &before), 0);
+	EXPECT_EQ(before.comp_mask, static_cast<uint32_t>(IBV_VALUES_MASK_RAW_CLOCK));
+	EXPECT_EQ(before.raw_clock.tv_sec, 0);
+	ibv_cq_ex *scq = make_stamped_cq(d.ctx, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+	ibv_cq_ex *rcq = make_stamped_cq(d.ctx, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+	ASSERT_TRUE(scq && rcq);
+	auto [s, r] = stamped_send(d, scq, rcq, false);
+	ibv_values_ex after{};
+	after.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+	ASSERT_EQ(ibv_query_rt_values_ex(d.ctx, &after), 0);
+	uint64_t t0 = static_cast<uint64_t>(before.raw_clock.tv_nsec);
+	uint64_t t1 = static_cast<uint64_t>(after.raw_clock.tv_nsec);
+	EXPECT_LE(t0, s);
+	EXPECT_LE(s, r);  // polled in that order
+	EXPECT_LE(r, t1);
+	ibv_destroy_cq(ibv_cq_ex_to_cq(scq));
+	ibv_destroy_cq(ibv_cq_ex_to_cq(rcq));
+
+	uint64_t w0 = clock_ns(CLOCK_REALTIME);
+	scq = make_stamped_cq(d.ctx, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+	rcq = make_stamped_cq(d.ctx, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+	ASSERT_TRUE(scq && rcq);
+	auto [ws, wr] = stamped_send(d, scq, rcq, true);
+	uint64_t w1 = clock_ns(CLOCK_REALTIME);
+	EXPECT_LE(w0, ws);
+	EXPECT_LE(ws, wr);
+	EXPECT_LE(wr, w1);
+	ibv_destroy_cq(ibv_cq_ex_to_cq(scq));
+	ibv_destroy_cq(ibv_cq_ex_to_cq(rcq));
+
+	ibv_values_ex bad{};
+	bad.comp_mask = 1u << 5;
+	EXPECT_EQ(ibv_query_rt_values_ex(d.ctx, &bad), EINVAL);
+}
+
+// Raw-packet-only completion fields stay refused; so do CQ flags xsrc lacks.
+TEST(VerbsEx, CqExRefusesWhatItCannotReport)
+{
+	Device d;
+	ASSERT_NE(d.ctx, nullptr);
+	for (uint64_t flag : {uint64_t{IBV_WC_EX_WITH_CVLAN}, uint64_t{IBV_WC_EX_WITH_FLOW_TAG}}) {
+		ibv_cq_init_attr_ex attr{};
+		attr.cqe = 4;
+		attr.wc_flags = flag;
+		errno = 0;
+		EXPECT_EQ(ibv_create_cq_ex(d.ctx, &attr), nullptr);
+		EXPECT_EQ(errno, EOPNOTSUPP);
+	}
+	ibv_cq_init_attr_ex attr{};
+	attr.cqe = 4;
+	attr.wc_flags = IBV_WC_EX_WITH_TM_INFO;
+	ibv_cq_ex *cq = ibv_create_cq_ex(d.ctx, &attr);
+	ASSERT_NE(cq, nullptr);  // no tag matching: every completion's tm_info is zero
+	ibv_destroy_cq(ibv_cq_ex_to_cq(cq));
+	attr.cqe = 1u << 30;   // over max_cqe
+	errno = 0;
+	EXPECT_EQ(ibv_create_cq_ex(d.ctx, &attr), nullptr);
+	EXPECT_EQ(errno, EINVAL);
+}
+
+// IBV_QP_INIT_ATTR_CREATE_FLAGS: none, or BLOCK_SELF_MCAST_LB on UD; anything
+// else is EOPNOTSUPP.
+TEST(VerbsEx, QpCreateFlags)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	ASSERT_NE(cq, nullptr);
+	auto create = [&](ibv_qp_type type, uint32_t flags) {
+		ibv_qp_init_attr_ex attr{};
+		attr.qp_type = type;
+		attr.send_cq = cq;
+		attr.recv_cq = cq;
+		attr.cap = {4, 4, 1, 1, 0};
+		attr.pd = d.pd;
+		attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+		attr.create_flags = flags;
+		errno = 0;
+		return ibv_create_qp_ex(d.ctx, &attr);
+	};
+	for (ibv_qp_type type : {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD}) {
+		ibv_qp *qp = create(type, 0);
+		ASSERT_NE(qp, nullptr) << type;
+		ibv_destroy_qp(qp);
+	}
+	ibv_qp *ud = create(IBV_QPT_UD, IBV_QP_CREATE_BLOCK_SELF_MCAST_LB);
+	ASSERT_NE(ud, nullptr);
+	ibv_destroy_qp(ud);
+	EXPECT_EQ(create(IBV_QPT_RC, IBV_QP_CREATE_BLOCK_SELF_MCAST_LB), nullptr);
+	EXPECT_EQ(errno, EOPNOTSUPP);
+	EXPECT_EQ(create(IBV_QPT_UD, IBV_QP_CREATE_SCATTER_FCS), nullptr);
+	EXPECT_EQ(errno, EOPNOTSUPP);
+	ibv_destroy_cq(cq);
+}
+
+// A QP moved back to RESET takes its completions still in the CQ with it (as
+// libmlx5 does), and only its own: another QP's completion stays.
+TEST(VerbsEx, ResetDropsTheQpsCompletions)
+{
+	Device d;
+	ASSERT_NE(d.pd, nullptr);
+	ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+	ASSERT_NE(cq, nullptr);
+	ibv_qp_init_attr_ex attr{};
+	attr.qp_type = IBV_QPT_RC;
+	attr.send_cq = cq;
+	attr.recv_cq = cq;
+	attr.cap = {4, 4, 1, 1, 0};
+	attr.pd = d.pd;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ibv_qp *a = ibv_create_qp_ex(d.ctx, &attr);
+	ibv_qp *b = ibv_create_qp_ex(d.ctx, &attr);
+	ASSERT_TRUE(a && b);
+	std::vector<char> buf(64);
+	ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(mr, nullptr);
+	ibv_qp_attr init{};
+	init.qp_state = IBV_QPS_INIT;
+	init.port_num = kPort;
+	for (ibv_qp *qp : {a, b}) {
+		ASSERT_EQ(ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), 0);
+		ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 64, mr->lkey};
+		ibv_recv_wr rwr{};
+		rwr.wr_id = qp->qp_num;
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		ibv_recv_wr *bad;
+		ASSERT_EQ(ibv_post_recv(qp, &rwr, &bad), 0);
+		ibv_qp_attr err{};
+		err.qp_state = IBV_QPS_ERR;
+		ASSERT_EQ(ibv_modify_qp(qp, &err, IBV_QP_STATE), 0);  // flushes the receive
+	}
+	ibv_qp_attr reset{};
+	reset.qp_state = IBV_QPS_RESET;
+	ASSERT_EQ(ibv_modify_qp(a, &reset, IBV_QP_STATE), 0);
+	ibv_wc wc[4];
+	ASSERT_EQ(ibv_poll_cq(cq, 4, wc), 1);
+	EXPECT_EQ(wc[0].qp_num, b->qp_num);
+	EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+	EXPECT_EQ(ibv_poll_cq(cq, 4, wc), 0);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+}

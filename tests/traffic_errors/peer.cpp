@@ -146,6 +146,23 @@ private:
 			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
 				.set("lkey", b->lkey()).set("len", b->mr->length);
 		}
+		if (cmd == "rereg") {  // ibv_rereg_mr; a new range is [off, off+len) of the same buffer
+			Buffer *b = at(mrs_, m.u64("mr"), "mr");
+			int flags = static_cast<int>(m.u64("flags"));
+			void *addr = nullptr;
+			size_t len = 0;
+			if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+				addr = b->data + m.u64("off");
+				len = m.u64("len");
+			}
+			ibv_pd *pd = (flags & IBV_REREG_MR_CHANGE_PD) ? at(pds_, m.u64("pd"), "pd") : nullptr;
+			errno = 0;
+			int rc = ibv_rereg_mr(b->mr, flags, pd, addr, len, static_cast<int>(m.u64("access", 0)));
+			r.set("rc", rc).set("errno", rc ? errno : 0);
+			if (!rc && (flags & IBV_REREG_MR_CHANGE_TRANSLATION))
+				b->mr_off = m.u64("off");
+			return r.set("rkey", b->rkey()).set("lkey", b->lkey()).set("addr", b->addr());
+		}
 		if (cmd == "scratch_mr") {
 			if (!scratch_)
 				fail("no scratch memory");

@@ -216,6 +216,84 @@ TEST_F(CommandsTest, RegMrChecksTheCallersMappings)
 	munmap(area, 2 * page);
 }
 
+// Completion timestamps are the provider's: the daemon takes the flag.
+TEST_F(CommandsTest, ExtendedCreateCqTakesTheTimestampFlag)
+{
+	init_context(0);
+	struct {
+		ib_uverbs_ex_create_cq_resp core;
+	} resp{};
+	ib_uverbs_ex_create_cq cmd{};
+	cmd.cqe = 8;
+	cmd.comp_channel = -1;
+	cmd.flags = IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION | IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN;
+	EXPECT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp)), 0);
+}
+
+TEST_F(CommandsTest, ReregMrRepublishesTheEntryWithItsKeys)
+{
+	init_context();
+	uint32_t pd_id = 0, pd2_id = 0;
+	uint32_t pd = alloc_pd(&pd_id);
+	uint32_t pd2 = alloc_pd(&pd2_id);
+	long page = sysconf(_SC_PAGESIZE);
+	char *area = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+					      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	ASSERT_NE(area, MAP_FAILED);
+	ASSERT_EQ(mprotect(area + page, page, PROT_READ), 0);
+	ASSERT_EQ(munmap(area + 2 * page, page), 0);
+	ib_uverbs_reg_mr_resp mr{};
+	ASSERT_EQ(reg_mr(pd, area, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, mr), 0);
+	const xsrc_mr_entry &e = dev.arena->mr_entry(mr.lkey >> 8);
+
+	ib_uverbs_rereg_mr_resp rr{};
+	ib_uverbs_rereg_mr cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(&rr);
+	cmd.mr_handle = mr.mr_handle;
+	auto rereg = [&](uint32_t flags, void *addr, size_t len, uint32_t access, uint32_t pd_handle) {
+		cmd.flags = flags;
+		cmd.start = reinterpret_cast<uintptr_t>(addr);
+		cmd.hca_va = cmd.start;
+		cmd.length = len;
+		cmd.access_flags = access;
+		cmd.pd_handle = pd_handle;
+		return run(IB_USER_VERBS_CMD_REREG_MR, cmd, {}, sizeof(rr));
+	};
+	// Read-only memory: only without write access.
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_TRANSLATION, area + page, page, 0, 0), EFAULT);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, area + page, page, 0, 0), 0);
+	EXPECT_EQ(rr.lkey, mr.lkey);
+	EXPECT_EQ(rr.rkey, mr.rkey);
+	EXPECT_EQ(e.key, mr.lkey);
+	EXPECT_EQ(e.addr, reinterpret_cast<uintptr_t>(area + page));
+	EXPECT_EQ(e.access, 0u);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_TRANSLATION, area + page, 2 * page, 0, 0), EFAULT);  // the hole
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_TRANSLATION, area, 0, 0, 0), EINVAL);
+	EXPECT_EQ(rereg(0, nullptr, 0, 0, 0), EINVAL);
+	EXPECT_EQ(rereg(8, nullptr, 0, 0, 0), EINVAL);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr, 0, IBV_ACCESS_REMOTE_WRITE, 0), EINVAL);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr, 0, IBV_ACCESS_ON_DEMAND, 0), EOPNOTSUPP);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, nullptr, 0, 0, pd2 + 100), EINVAL);
+	cmd.flags = IBV_REREG_MR_CHANGE_TRANSLATION;  // start and hca_va in different places of a page
+	cmd.start = reinterpret_cast<uintptr_t>(area);
+	cmd.hca_va = cmd.start + 8;
+	cmd.length = page;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REREG_MR, cmd, {}, sizeof(rr)), EINVAL);
+	EXPECT_EQ(e.addr, reinterpret_cast<uintptr_t>(area + page)) << "a refusal changed the entry";
+
+	// The PD moves, and with it what keeps a PD alive.
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_PD, nullptr, 0, 0, pd2), 0);
+	EXPECT_EQ(e.pd_id, pd2_id);
+	ib_uverbs_dealloc_pd dealloc{pd}, dealloc2{pd2};
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc2), EBUSY);
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc), 0);
+	ib_uverbs_dereg_mr dereg{mr.mr_handle};
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEREG_MR, dereg), 0);
+	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr, 0, 0, 0), EINVAL);  // no such MR
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc2), 0);
+	munmap(area, 2 * page);
+}
+
 TEST_F(CommandsTest, CompletionChannelsComeFromThePoolInOrder)
 {
 	init_context(2);
@@ -288,7 +366,7 @@ TEST_F(CommandsTest, ExtendedCreateCqRejectsUnsupportedFlags)
 	ib_uverbs_ex_create_cq cmd{};
 	cmd.cqe = 8;
 	cmd.comp_channel = -1;
-	cmd.flags = IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION;
+	cmd.flags = 1u << 5;  // no such flag
 	EXPECT_EQ(run_ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, cmd, &resp, sizeof(resp)), EOPNOTSUPP);
 	cmd.flags = 0;
 	cmd.comp_mask = 4;

@@ -238,11 +238,14 @@ TEST_F(QpCommandsTest, ExtendedCreateQp)
 	EXPECT_EQ(run_it(), EINVAL);
 	cmd.create_flags = IBV_QP_CREATE_SCATTER_FCS;
 	EXPECT_EQ(run_it(), EOPNOTSUPP);
-	cmd.create_flags = 0;
+	cmd.qp_type = IBV_QPT_RC;  // blocking multicast loopback: UD only
+	cmd.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+	EXPECT_EQ(run_it(), EOPNOTSUPP);
+	cmd.qp_type = IBV_QPT_UD;
 	cmd.reserved = 1;
 	EXPECT_EQ(run_it(), EINVAL);
 	cmd.reserved = 0;
-	ASSERT_EQ(run_it(), 0);
+	ASSERT_EQ(run_it(), 0);  // a UD QP that never sees its own multicast sends
 	EXPECT_EQ(resp.core.response_length, sizeof(resp.core));
 	EXPECT_EQ(resp.core.base.max_recv_wr, 8u);
 	EXPECT_NE(resp.drv.rq_off, 0u);
