@@ -194,7 +194,7 @@ using create_cq_ex_resp = verbs_drv_buf<ib_uverbs_ex_create_cq_resp, xsrc_create
 // Not CVLAN or FLOW_TAG: they belong to raw packet QPs, which xsrc lacks.
 constexpr uint64_t supported_wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
 					IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
-constexpr uint32_t supported_cq_comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+constexpr uint32_t supported_cq_comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
 constexpr uint32_t supported_cq_flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
 
 }  // namespace
@@ -252,6 +252,16 @@ ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
+	// The ring is the device's: a parent domain gives a CQ its thread domain only.
+	xsrc_parent_domain *parent = nullptr;
+	if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+		parent = to_xsrc_parent_domain(attr->parent_domain);
+		if (!parent || attr->parent_domain->context != ibctx) {
+			verbs_err(vctx, "create_cq_ex: IBV_CQ_INIT_ATTR_MASK_PD needs a parent domain of this context\n");
+			errno = EINVAL;
+			return nullptr;
+		}
+	}
 	auto *cq = new (std::nothrow) xsrc_cq{};
 	if (!cq) {
 		verbs_err(vctx, "create_cq_ex: no memory for the CQ\n");
@@ -267,6 +277,10 @@ ibv_cq_ex *cq_create_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 	if (!cq_attach_ring(ctx, cq, resp.driver()))
 		return nullptr;
 	cq->wc_flags = attr->wc_flags;
+	cq->parent_domain = parent;
+	if (parent && parent->td)
+		cq->poll_lock.waive();
+	xsrc_parent_domain_hold(parent);
 	cq_set_poll_ops(cq->vcq.cq_ex);
 	return &cq->vcq.cq_ex;
 }
@@ -290,6 +304,7 @@ int xsrc_destroy_cq(ibv_cq *cq)
 		verbs_err(&to_xsrc_ctx(cq->context)->ibv_ctx, "destroy_cq: the device refused: %s\n", strerror(err));
 		return err;
 	}
+	xsrc_parent_domain_release(to_xsrc_cq(cq)->parent_domain);
 	delete to_xsrc_cq(cq);
 	return 0;
 }

@@ -127,7 +127,9 @@ int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder)
 	bool has_sq = qp_has_send_queue(qp->type);
 	uint32_t wr = has_sq ? qp->max_send_wr : 0, sge = has_sq ? qp->max_send_sge : 0,
 		 inl = has_sq ? qp->max_inline_data : 0;
-	if (qp->sq.init(wr, sge, inl) || (builder && qp->staged.init(size_t(wr) + 2, sge, inl))) {
+	const xsrc_allocator *alloc = xsrc_pd_allocator(qp->parent_domain);
+	if (qp->sq.init(wr, sge, inl, alloc) ||
+	    (builder && qp->staged.init(size_t(wr) + 2, sge, inl, alloc, XSRC_RES_TYPE_SQ_STAGING))) {
 		verbs_err(&ctx->ibv_ctx,
 			  "create_qp: no memory for a send queue of %u WQEs of %u SGEs and %u inline bytes\n", wr,
 			  sge, inl);
@@ -199,6 +201,8 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	qp->max_recv_sge = attr->cap.max_recv_sge;
 	qp->max_inline_data = attr->cap.max_inline_data;
 	qp->sq_sig_all = attr->sq_sig_all;
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_PD)
+		qp->parent_domain = to_xsrc_parent_domain(attr->pd);
 	int err = 0;
 	if (!qp->entry || qp->entry->qpn != qp->qpn.value() || (has_rq && !qp->srq && !qp->rq)) {
 		verbs_err(vctx, "create_qp: QP %u: the device answered no %s\n", qp->qpn.value(),
@@ -217,6 +221,10 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 		xsrc_qp_wr_set_ops(qp->vqp.qp_ex);
 		qp->vqp.comp_mask |= VERBS_QP_EX;
 	}
+	// The send queue stays locked: the progress thread shares it.
+	if (qp->parent_domain && qp->parent_domain->td)
+		qp->rq_lock.waive();
+	xsrc_parent_domain_hold(qp->parent_domain);
 	return &qp->vqp.qp;
 }
 
@@ -364,6 +372,7 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 		verbs_err(qp_vctx(qp), "destroy_qp: the device refused QP %u: %s\n", qp->qpn.value(), strerror(err));
 		return err;
 	}
+	xsrc_parent_domain_release(qp->parent_domain);
 	delete qp;
 	return 0;
 }

@@ -6,20 +6,27 @@
 #include <cstring>
 #include <new>
 
-int xsrc_wqe_slots::init(size_t count, uint32_t max_sge, uint32_t max_inline) noexcept
+int xsrc_wqe_slots::init(size_t count, uint32_t max_sge, uint32_t max_inline, const xsrc_allocator *allocator,
+			 uint64_t resource_type) noexcept
 {
-	// Default-initialised storage: pages nobody writes to stay untouched.
-	wqes_.reset(new (std::nothrow) xsrc_send_wqe[count]);
-	sges_.reset(new (std::nothrow) ibv_sge[count * max_sge]);
-	bytes_.reset(new (std::nothrow) unsigned char[count * max_inline]);
-	if (!wqes_ || !sges_ || !bytes_)
+	static_assert(sizeof(xsrc_send_wqe) % alignof(ibv_sge) == 0);
+	wqes_ = nullptr;
+	count_ = 0;
+	size_t wqe_bytes = count * sizeof(xsrc_send_wqe), sge_bytes = count * max_sge * sizeof(ibv_sge);
+	if (buf_.allocate(wqe_bytes + sge_bytes + count * max_inline, allocator, resource_type))
 		return ENOMEM;
+	// Only the WQEs are constructed: pages nobody writes to stay untouched.
+	auto *base = static_cast<unsigned char *>(buf_.data());
+	wqes_ = reinterpret_cast<xsrc_send_wqe *>(base);
+	auto *sges = reinterpret_cast<ibv_sge *>(base + wqe_bytes);
+	unsigned char *bytes = base + wqe_bytes + sge_bytes;
 	count_ = count;
 	max_sge_ = max_sge;
 	max_inline_ = max_inline;
 	for (size_t i = 0; i < count; ++i) {
-		wqes_[i].sge = &sges_[i * max_sge];
-		wqes_[i].inline_data = &bytes_[i * max_inline];
+		new (&wqes_[i]) xsrc_send_wqe{};
+		wqes_[i].sge = &sges[i * max_sge];
+		wqes_[i].inline_data = &bytes[i * max_inline];
 	}
 	return 0;
 }

@@ -9,8 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include <type_traits>
 
+#include "buf.h"
 #include "common/ids.h"
 
 struct xsrc_ah;
@@ -57,11 +58,17 @@ struct xsrc_send_wqe {
 	const ibv_sge *sge_end() const noexcept { return sge + num_sge; }
 };
 
-// Slots of WQEs and their storage, sized once.
+// The slots live in one buffer and are never destroyed one by one.
+static_assert(std::is_trivially_destructible_v<xsrc_send_wqe>);
+
+// Slots of WQEs and their storage, sized once, in one buffer (`allocator`:
+// a parent domain's, or null for the heap).
 class xsrc_wqe_slots {
 public:
 	// Returns 0 or ENOMEM.
-	int init(size_t count, uint32_t max_sge, uint32_t max_inline) noexcept;
+	int init(size_t count, uint32_t max_sge, uint32_t max_inline, const xsrc_allocator *allocator = nullptr,
+		 uint64_t resource_type = XSRC_RES_TYPE_SQ) noexcept;
+	const xsrc_buf &buffer() const noexcept { return buf_; }
 	size_t count() const noexcept { return count_; }
 	uint32_t max_sge() const noexcept { return max_sge_; }
 	uint32_t max_inline() const noexcept { return max_inline_; }
@@ -77,9 +84,8 @@ public:
 private:
 	size_t count_ = 0;
 	uint32_t max_sge_ = 0, max_inline_ = 0;
-	std::unique_ptr<xsrc_send_wqe[]> wqes_;
-	std::unique_ptr<ibv_sge[]> sges_;
-	std::unique_ptr<unsigned char[]> bytes_;
+	xsrc_buf buf_;  // count WQEs, then count * max_sge gather entries, then the inline bytes
+	xsrc_send_wqe *wqes_ = nullptr;
 };
 
 // Posted WQEs not yet executed (blocked behind an RNR or unreachable peer),
@@ -87,10 +93,11 @@ private:
 // slots, so that slot exists even when the queue is full.
 class xsrc_send_queue {
 public:
-	int init(uint32_t max_wr, uint32_t max_sge, uint32_t max_inline) noexcept
+	int init(uint32_t max_wr, uint32_t max_sge, uint32_t max_inline,
+		 const xsrc_allocator *allocator = nullptr) noexcept
 	{
 		head_ = size_ = 0;
-		return slots_.init(size_t(max_wr) + 1, max_sge, max_inline);
+		return slots_.init(size_t(max_wr) + 1, max_sge, max_inline, allocator, XSRC_RES_TYPE_SQ);
 	}
 	bool empty() const noexcept { return size_ == 0; }
 	size_t size() const noexcept { return size_; }

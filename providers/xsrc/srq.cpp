@@ -32,8 +32,8 @@ ibv_srq *srq_refused(verbs_context *vctx, xsrc_srq *srq, const ibv_srq_attr &att
 	return nullptr;
 }
 
-// Completes the setup of an SRQ the daemon created.
-ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uint32_t max_sge)
+// Completes the setup of an SRQ the daemon created through `pd` (null: none).
+ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uint32_t max_sge, ibv_pd *pd)
 {
 	srq->vsrq.srq_num = resp.core()->srqn;
 	const xsrc_create_srq_resp &drv = resp.driver();
@@ -48,6 +48,10 @@ ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uin
 		errno = EPROTO;
 		return nullptr;
 	}
+	srq->parent_domain = to_xsrc_parent_domain(pd);
+	if (srq->parent_domain && srq->parent_domain->td)
+		srq->post_lock.waive();
+	xsrc_parent_domain_hold(srq->parent_domain);
 	return &srq->vsrq.srq;
 }
 
@@ -73,7 +77,8 @@ ibv_srq *srq_create_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 	create_srq_resp resp;
 	if (int err = ibv_cmd_create_srq_ex(ibctx, &srq->vsrq, attr, &cmd, sizeof(cmd), resp.core(), resp.size))
 		return srq_refused(&ctx->ibv_ctx, srq, attr->attr, err);
-	return srq_finish(ctx, srq, resp, attr->attr.max_sge);
+	return srq_finish(ctx, srq, resp, attr->attr.max_sge,
+			  attr->comp_mask & IBV_SRQ_INIT_ATTR_PD ? attr->pd : nullptr);
 }
 
 ibv_srq *srq_create(ibv_pd *pd, ibv_srq_init_attr *attr)
@@ -86,7 +91,7 @@ ibv_srq *srq_create(ibv_pd *pd, ibv_srq_init_attr *attr)
 	create_srq_resp resp;
 	if (int err = ibv_cmd_create_srq(pd, &srq->vsrq.srq, attr, &cmd, sizeof(cmd), resp.core(), resp.size))
 		return srq_refused(&ctx->ibv_ctx, srq, attr->attr, err);
-	return srq_finish(ctx, srq, resp, attr->attr.max_sge);
+	return srq_finish(ctx, srq, resp, attr->attr.max_sge, pd);
 }
 
 verbs_context *srq_vctx(const ibv_srq *srq)
@@ -133,6 +138,7 @@ int xsrc_destroy_srq(ibv_srq *ibsrq)
 			  to_xsrc_srq(ibsrq)->srqn.value(), strerror(err));
 		return err;
 	}
+	xsrc_parent_domain_release(to_xsrc_srq(ibsrq)->parent_domain);
 	delete to_xsrc_srq(ibsrq);
 	return 0;
 }

@@ -72,31 +72,38 @@ ibv_pd *xsrc_alloc_pd(ibv_context *ibctx)
 	struct ibv_alloc_pd cmd{};
 	ib_uverbs_alloc_pd_resp resp{};
 	verbs_context *vctx = &to_xsrc_ctx(ibctx)->ibv_ctx;
-	auto *pd = new (std::nothrow) ibv_pd{};
+	auto *pd = new (std::nothrow) xsrc_pd{};
 
 	if (!pd) {
 		verbs_err(vctx, "alloc_pd: no memory for the PD\n");
 		errno = ENOMEM;
 		return nullptr;
 	}
-	if (int err = ibv_cmd_alloc_pd(ibctx, pd, &cmd, sizeof(cmd), &resp,
+	if (int err = ibv_cmd_alloc_pd(ibctx, &pd->pd, &cmd, sizeof(cmd), &resp,
 				       sizeof(resp))) {
 		verbs_err(vctx, "alloc_pd: the device refused: %s\n", strerror(err));
 		delete pd;
 		errno = err;
 		return nullptr;
 	}
-	return pd;
+	return &pd->pd;
 }
 
 int xsrc_dealloc_pd(ibv_pd *pd)
 {
+	if (xsrc_parent_domain *parent = to_xsrc_parent_domain(pd))
+		return xsrc_dealloc_parent_domain(parent);
+	if (uint32_t n = to_xsrc_pd(pd)->refcount.load(std::memory_order_acquire); n > 1) {
+		verbs_err(&to_xsrc_ctx(pd->context)->ibv_ctx, "dealloc_pd: %u parent domains still use the PD\n",
+			  n - 1);
+		return EBUSY;
+	}
 	if (int err = ibv_cmd_dealloc_pd(pd)) {
 		verbs_err(&to_xsrc_ctx(pd->context)->ibv_ctx, "dealloc_pd: the device refused: %s\n",
 			  strerror(err));
 		return err;
 	}
-	delete pd;
+	delete to_xsrc_pd(pd);
 	return 0;
 }
 
@@ -217,7 +224,9 @@ bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
 
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
 const verbs_context_ops xsrc_ctx_ops = {
+	.alloc_parent_domain = xsrc_alloc_parent_domain,
 	.alloc_pd = xsrc_alloc_pd,
+	.alloc_td = xsrc_alloc_td,
 	.async_event = xsrc_async_event,
 #if XSRC_DRIVER_ABI_REVISION >= 3
 	.attach_mcast = xsrc_attach_mcast,
@@ -232,6 +241,7 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.create_srq = xsrc_create_srq,
 	.create_srq_ex = xsrc_create_srq_ex,
 	.dealloc_pd = xsrc_dealloc_pd,
+	.dealloc_td = xsrc_dealloc_td,
 	.dereg_mr = xsrc_dereg_mr,
 	.destroy_ah = xsrc_destroy_ah,
 	.destroy_cq = xsrc_destroy_cq,

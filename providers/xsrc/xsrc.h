@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -24,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "buf.h"
 #include "common/fd.h"
 #include "common/ids.h"
 #include "queues.h"
@@ -106,6 +108,86 @@ struct xsrc_cq_discard {
 	uint64_t until;
 };
 
+// A PD, or a parent domain over one (parent_domain.cpp). A parent domain
+// has the PD's handle, so every command sees the real PD; the daemon never
+// learns of it.
+struct xsrc_pd {
+	ibv_pd pd;
+	xsrc_pd *protection_domain = nullptr;  // a parent domain's PD; null: this is a PD
+	// 1 + what holds this one: the parent domains over a PD; the QPs, SRQs
+	// and CQs made through a parent domain. Deallocation waits for 1 (EBUSY).
+	std::atomic<uint32_t> refcount{1};
+};
+
+struct xsrc_td {
+	ibv_td td;
+	std::atomic<uint32_t> refcount{1};  // 1 + the parent domains holding it
+};
+
+struct xsrc_parent_domain {
+	xsrc_pd xpd;
+	xsrc_td *td = nullptr;
+	xsrc_allocator allocator;  // alloc null: none given
+};
+
+static_assert(offsetof(xsrc_pd, pd) == 0 && offsetof(xsrc_parent_domain, xpd) == 0 &&
+	      offsetof(xsrc_td, td) == 0);
+
+inline xsrc_pd *to_xsrc_pd(ibv_pd *pd)
+{
+	return reinterpret_cast<xsrc_pd *>(pd);
+}
+
+// Null unless `pd` is a parent domain.
+inline xsrc_parent_domain *to_xsrc_parent_domain(ibv_pd *pd)
+{
+	xsrc_pd *xpd = pd ? to_xsrc_pd(pd) : nullptr;
+	return xpd && xpd->protection_domain ? reinterpret_cast<xsrc_parent_domain *>(xpd) : nullptr;
+}
+
+// Its allocator, or null (the heap).
+inline const xsrc_allocator *xsrc_pd_allocator(const xsrc_parent_domain *pd)
+{
+	return pd && pd->allocator.alloc ? &pd->allocator : nullptr;
+}
+
+// An object made through a parent domain holds it; null does nothing.
+inline void xsrc_parent_domain_hold(xsrc_parent_domain *pd)
+{
+	if (pd)
+		pd->xpd.refcount.fetch_add(1, std::memory_order_relaxed);
+}
+
+inline void xsrc_parent_domain_release(xsrc_parent_domain *pd)
+{
+	if (pd)
+		pd->xpd.refcount.fetch_sub(1, std::memory_order_release);
+}
+
+// A lock that objects created under a thread domain go without: the
+// application uses them from one thread at a time (ibv_alloc_td(3)). Locks
+// the provider's own threads take as well are plain mutexes.
+class xsrc_td_lock {
+public:
+	// Before the object is visible to the application.
+	void waive() noexcept { waived_ = true; }
+	bool waived() const noexcept { return waived_; }
+	void lock()
+	{
+		if (!waived_)
+			mutex_.lock();
+	}
+	void unlock()
+	{
+		if (!waived_)
+			mutex_.unlock();
+	}
+
+private:
+	std::mutex mutex_;
+	bool waived_ = false;
+};
+
 struct xsrc_cq {
 	verbs_cq vcq;
 	ibv_wc polled; // the completion start_poll/next_poll stepped onto
@@ -113,8 +195,9 @@ struct xsrc_cq {
 	uint64_t wc_flags;           // ibv_cq_init_attr_ex::wc_flags (0 for ibv_create_cq)
 	xsrc_cq_ring *ring;
 	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
-	std::mutex poll_lock;        // the ring has a single consumer
 	std::vector<xsrc_cq_discard> discards;  // under poll_lock
+	xsrc_td_lock poll_lock;      // the ring has a single consumer
+	xsrc_parent_domain *parent_domain; // IBV_CQ_INIT_ATTR_MASK_PD, else null
 };
 
 struct xsrc_srq {
@@ -122,7 +205,8 @@ struct xsrc_srq {
 	xsrc_recv_ring *ring;
 	xsrc::Srqn srqn;
 	uint32_t max_sge;
-	std::mutex post_lock;        // the receive ring has one producer
+	xsrc_td_lock post_lock;      // the receive ring has one producer
+	xsrc_parent_domain *parent_domain; // made through one, else null
 };
 
 struct xsrc_ah {
@@ -146,7 +230,8 @@ struct xsrc_qp {
 	uint32_t max_send_wr, max_send_sge, max_recv_sge, max_inline_data;
 	bool sq_sig_all;
 
-	std::mutex rq_lock;              // the receive ring has one producer
+	xsrc_parent_domain *parent_domain = nullptr; // made through one: its allocator, its TD
+	xsrc_td_lock rq_lock;            // the receive ring has one producer
 	std::mutex sq_lock;              // post_send, the progress thread
 	xsrc_send_queue sq;              // posted, not yet executed (blocked)
 	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
@@ -251,6 +336,12 @@ int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr);
 int xsrc_destroy_srq(ibv_srq *srq);
 int xsrc_post_srq_recv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept;
 int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num);
+
+// parent_domain.cpp: thread domains and parent domains.
+ibv_td *xsrc_alloc_td(ibv_context *ibctx, ibv_td_init_attr *attr);
+int xsrc_dealloc_td(ibv_td *td);
+ibv_pd *xsrc_alloc_parent_domain(ibv_context *ibctx, ibv_parent_domain_init_attr *attr);
+int xsrc_dealloc_parent_domain(xsrc_parent_domain *pd);
 
 // xrc.cpp
 ibv_xrcd *xsrc_open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr);
