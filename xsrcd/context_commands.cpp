@@ -120,6 +120,7 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 	ib_uverbs_ex_query_device_resp resp{};
 	fill_query_device(*ctx.device, resp.base);
 	resp.device_cap_flags_ex = resp.base.device_cap_flags;
+	fill_odp_caps(*ctx.device, resp);
 	// Older callers have less room; response_length says how much is valid.
 	constexpr size_t min_len = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
 	if (req.core_resp_len < min_len)
