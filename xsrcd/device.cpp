@@ -47,6 +47,30 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
 	}
 }
 
+bool odp_supported(const Device &dev)
+{
+	return dev.abi_revision >= 3;
+}
+
+// The data path never pins pages: every access translates through the MR
+// table and moves bytes with process_vm_* (or the device's copy), which
+// fault pages in as they go and fail (EFAULT) on a hole. So ODP works for
+// every operation of every transport, and an implicit MR is one table
+// entry covering the whole address space.
+void fill_odp_caps(const Device &dev, ib_uverbs_ex_query_device_resp &r)
+{
+	if (!odp_supported(dev))
+		return;
+	constexpr uint32_t kMessages = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+	constexpr uint32_t kRdma = IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+	r.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+	r.odp_caps.per_transport_caps.rc_odp_caps = kMessages | kRdma;
+	r.odp_caps.per_transport_caps.uc_odp_caps = kMessages | IBV_ODP_SUPPORT_WRITE;
+	r.odp_caps.per_transport_caps.ud_odp_caps = kMessages;
+	// An XRC send QP has no receive queue: its receives are on SRQs.
+	r.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | kRdma;
+}
+
 void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)
 {
 	const PortView &port = dev.view.port;

@@ -1,5 +1,6 @@
 // Protection domains and memory regions: device-wide PD ids and the arena's
 // MR table, against which the data path checks every key.
+#include "device.h"
 #include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
@@ -104,14 +105,21 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 	Pd *pd = lookup<Pd>(ctx, cmd.pd_handle);
 	if (!pd)
 		return refuse(EINVAL, "no such PD handle");
-	// Such as memory windows and on-demand paging.
-	if (cmd.access_flags & ~kSupportedAccess)
+	bool odp = cmd.access_flags & IB_UVERBS_ACCESS_ON_DEMAND;
+	if (odp && !odp_supported(*ctx.device))
+		return refuse(EOPNOTSUPP, "on-demand paging needs driver ABI revision 3");
+	// Such as memory windows.
+	if (cmd.access_flags & ~(kSupportedAccess | IB_UVERBS_ACCESS_ON_DEMAND))
 		return refuse(EOPNOTSUPP, "unsupported access flags");
 	// IBTA o10-37: remote write or atomic access requires local write.
 	if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
 	    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
 		return refuse(EINVAL, "remote write or atomic access without local write");
-	if (cmd.length == 0 || cmd.start + cmd.length < cmd.start)
+	// An implicit ODP MR (start 0, length U64_MAX) is the whole address space.
+	bool implicit = odp && cmd.start == 0 && cmd.length == UINT64_MAX;
+	if (implicit && cmd.hca_va != 0)
+		return refuse(EINVAL, "an implicit ODP MR starts at iova 0");
+	if (cmd.length == 0 || (!implicit && cmd.start + cmd.length < cmd.start))
 		return refuse(EINVAL, "zero length, or the range wraps around");
 	Device &dev = *ctx.device;
 	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr)
@@ -119,8 +127,10 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 	bool writable = cmd.access_flags & (IB_UVERBS_ACCESS_LOCAL_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_ATOMIC);
-	if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
-		return refuse(err, "the range is not mapped in the caller, or not writable");
+	// ODP pages may be mapped later: the data path checks each access.
+	if (!odp)
+		if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
+			return refuse(err, "the range is not mapped in the caller, or not writable");
 
 	uint32_t index = allocate_mr_index(dev);
 	uint32_t key = index << 8 | dev.key_salt++;

@@ -16,9 +16,10 @@ namespace {
 constexpr uint32_t kStandardAttrMask = (1u << 21) - 1;
 constexpr uint32_t kRemoteAccess =
 	IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-// Applications commonly pass LOCAL_WRITE among a QP's access flags and the
-// kernel accepts it; it means nothing for a QP and is not published.
-constexpr uint32_t kQpAccessFlags = kRemoteAccess | IBV_ACCESS_LOCAL_WRITE;
+// Applications commonly pass LOCAL_WRITE (and ON_DEMAND, their MRs' flags)
+// among a QP's access flags and the kernel accepts them; they mean nothing
+// for a QP and are not published.
+constexpr uint32_t kQpAccessFlags = kRemoteAccess | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND;
 
 // A path: RoCE addresses by GID, so a GRH is mandatory.
 int check_path(const Device &dev, const ib_uverbs_qp_dest &dest)

@@ -65,8 +65,12 @@ bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_se
 		if (sge->length == 0)
 			continue;
 		uint64_t va;
-		if (!xsrc_peer_mr_range(xsrc_peer_live_mr(ctx->arena, xsrc::Lkey(sge->lkey)), ctx->pid, pd,
-					sge->addr, sge->length, access, va))
+		const xsrc_mr_entry *mr = xsrc_peer_live_mr(ctx->arena, xsrc::Lkey(sge->lkey));
+		if (!xsrc_peer_mr_range(mr, ctx->pid, pd, sge->addr, sge->length, access, va))
+			return false;
+		// An ODP MR's pages may be gone: found now, before the responder
+		// sees the message, the fault is ours (and we never touch a hole).
+		if ((mr->access & IBV_ACCESS_ON_DEMAND) && !xsrc_odp_mapped(va, sge->length))
 			return false;
 		out.iov[out.count++] = {reinterpret_cast<void *>(va), sge->length};
 		out.total += sge->length;

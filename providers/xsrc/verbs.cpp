@@ -126,16 +126,19 @@ ibv_mr *mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 		errno = err;
 		return nullptr;
 	}
-	if (access & IBV_ACCESS_LOCAL_WRITE) {
-		try {
+	try {
+		// An ODP MR's pages may be unmapped: no payload is placed in
+		// them by a poll (the sender never defers into one).
+		if (access & IBV_ACCESS_ON_DEMAND)
+			ctx->odp_mrs.add({vmr->ibv_mr.lkey, pd, hca_va, length, reinterpret_cast<uintptr_t>(addr),
+					  (access & IBV_ACCESS_LOCAL_WRITE) != 0});
+		else if (access & IBV_ACCESS_LOCAL_WRITE)
 			ctx->local_mrs.add(reinterpret_cast<uintptr_t>(addr), length);
-		} catch (const std::bad_alloc &) {
-			verbs_err(&ctx->ibv_ctx, "reg_mr: no memory to record %zu bytes at %p as ours\n", length,
-				  addr);
-			ibv_cmd_dereg_mr(vmr.get());
-			errno = ENOMEM;
-			return nullptr;
-		}
+	} catch (const std::bad_alloc &) {
+		verbs_err(&ctx->ibv_ctx, "reg_mr: no memory to record %zu bytes at %p as ours\n", length, addr);
+		ibv_cmd_dereg_mr(vmr.get());
+		errno = ENOMEM;
+		return nullptr;
 	}
 	return &vmr.release()->ibv_mr;
 }
@@ -184,7 +187,9 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 		verbs_err(&ctx->ibv_ctx, "dereg_mr: the device refused lkey 0x%x: %s\n", mr.lkey, strerror(err));
 		return err;
 	}
-	if (vmr->access & IBV_ACCESS_LOCAL_WRITE)  // as ibv_cmd_reg_mr recorded it
+	if (vmr->access & IBV_ACCESS_ON_DEMAND)  // as mr_register recorded it
+		ctx->odp_mrs.remove(mr.lkey);
+	else if (vmr->access & IBV_ACCESS_LOCAL_WRITE)
 		ctx->local_mrs.remove(reinterpret_cast<uintptr_t>(mr.addr), mr.length);
 	delete vmr;
 	return 0;
@@ -224,6 +229,7 @@ bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
 
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
 const verbs_context_ops xsrc_ctx_ops = {
+	.advise_mr = xsrc_advise_mr,
 	.alloc_parent_domain = xsrc_alloc_parent_domain,
 	.alloc_pd = xsrc_alloc_pd,
 	.alloc_td = xsrc_alloc_td,

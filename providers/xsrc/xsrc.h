@@ -80,6 +80,27 @@ private:
 	std::vector<span> spans_; // few per context
 };
 
+// This context's on-demand-paging MRs, kept in our own memory (the arena's
+// MR table does not say which ibv_pd an lkey belongs to): what
+// ibv_advise_mr checks its SGEs against (odp.cpp).
+class xsrc_odp_mrs {
+public:
+	struct mr {
+		uint32_t lkey;
+		const ibv_pd *pd;
+		uint64_t iova, length, addr;
+		bool writable;
+	};
+	// Throws std::bad_alloc (reg_mr catches it).
+	void add(const mr &m);
+	void remove(uint32_t lkey);
+	bool find(uint32_t lkey, mr &out) const;
+
+private:
+	mutable std::shared_mutex lock_;
+	std::vector<mr> mrs_; // few per context
+};
+
 // libibverbs callocs the whole struct: every member after ibv_ctx that has a
 // constructor is constructed in place when the context is made and destroyed
 // with it (xsrc.cpp: xsrc_context_construct, context_deleter); the scalars
@@ -94,6 +115,7 @@ struct xsrc_context {
 	bool can_copy;               // the device moves bytes for us (XSRC_CMD_COPY)
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
+	xsrc_odp_mrs odp_mrs;        // what ibv_advise_mr may name
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
 	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast
@@ -355,6 +377,13 @@ int xsrc_destroy_ah(ibv_ah *ah);
 // mcast.cpp: UD multicast (driver ABI r3). The daemon keeps the groups; a
 // sender reads their members from the arena's table.
 int xsrc_attach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
+// odp.cpp: on-demand paging. advise_mr checks its SGEs name ODP MRs of `pd`
+// and, for a synchronous prefetch, faults the pages in.
+int xsrc_advise_mr(ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg_list,
+		   uint32_t num_sge);
+// Whether every page of our [addr, addr+len) is mapped now (an ODP MR's
+// pages may not be): the data path checks before it touches them.
+bool xsrc_odp_mapped(uint64_t addr, uint64_t len) noexcept;
 int xsrc_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
 // The members of group `gid` on the device, each once: copied into `out`,
 // their number returned (0: no such group, or no multicast).

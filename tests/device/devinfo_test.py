@@ -35,6 +35,17 @@ class DevinfoTest(unittest.TestCase):
         self.assertRegex(out, r"max_mcast_grp:\s+1024\n")
         self.assertRegex(out, r"max_mcast_qp_attach:\s+64\n")
         self.assertRegex(out, r"max_total_mcast_qp_attach:\s+8192\n")
+        # On-demand paging (the data path never pins pages): every transport,
+        # every operation it has; implicit MRs too.
+        self.assertRegex(out, r"general_odp_caps:\n\s+ODP_SUPPORT\n\s+ODP_SUPPORT_IMPLICIT\n")
+        everything = r"\s+SUPPORT_SEND\n\s+SUPPORT_RECV\n\s+SUPPORT_WRITE\n\s+SUPPORT_READ\n" \
+                     r"\s+SUPPORT_ATOMIC\n\s+SUPPORT_SRQ\n"
+        self.assertRegex(out, r"rc_odp_caps:\n" + everything)
+        self.assertRegex(out, r"uc_odp_caps:\n\s+SUPPORT_SEND\n\s+SUPPORT_RECV\n\s+SUPPORT_WRITE\n"
+                         r"\s+SUPPORT_SRQ\n")
+        self.assertRegex(out, r"ud_odp_caps:\n\s+SUPPORT_SEND\n\s+SUPPORT_RECV\n\s+SUPPORT_SRQ\n")
+        self.assertRegex(out, r"xrc_odp_caps:\n\s+SUPPORT_SEND\n\s+SUPPORT_WRITE\n\s+SUPPORT_READ\n"
+                         r"\s+SUPPORT_ATOMIC\n\s+SUPPORT_SRQ\n")
 
     def test_run_ibv_devices(self):
         # Without SYSFS_PATH: `xsrc run` must make the device visible by itself.

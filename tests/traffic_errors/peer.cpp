@@ -163,6 +163,18 @@ private:
 				b->mr_off = m.u64("off");
 			return r.set("rkey", b->rkey()).set("lkey", b->lkey()).set("addr", b->addr());
 		}
+		if (cmd == "odp_mr") {
+			Buffer *b = v.odp_buffer(m.u64("size"), static_cast<uint32_t>(m.u64("access")),
+						 m.u64("implicit", 0) != 0, at(pds_, m.u64("pd", 0), "pd"));
+			mrs_.push_back(b);
+			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
+				.set("lkey", b->lkey()).set("len", b->mr->length);
+		}
+		if (cmd == "unmap") {  // pages of an MR's buffer go away (the MR stays)
+			Buffer *b = at(mrs_, m.u64("mr"), "mr");
+			check(munmap(b->data + m.u64("off"), m.u64("len")) == 0, "munmap");
+			return r;
+		}
 		if (cmd == "scratch_mr") {
 			if (!scratch_)
 				fail("no scratch memory");

@@ -249,6 +249,32 @@ public:
 		return raw;
 	}
 
+	// An on-demand-paging MR over fresh anonymous memory that nobody has
+	// touched yet (no page exists until the first access); `implicit`: the
+	// MR is the implicit one covering the whole address space, and the
+	// buffer just memory inside it.
+	Buffer *odp_buffer(size_t size, uint32_t access, bool implicit = false, ibv_pd *on = nullptr)
+	{
+		auto b = std::make_unique<Buffer>();
+		size_t page = 4096;
+		b->size = (size + page - 1) / page * page;
+		void *p = mmap(nullptr, b->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		check(p != MAP_FAILED, "mmap");
+		b->data = static_cast<uint8_t *>(p);
+		undo_.push_back([data = b->data, sz = b->size]() {
+			munmap(data, sz);
+			return std::string();
+		});
+		int odp_access = static_cast<int>(access | IBV_ACCESS_ON_DEMAND);
+		b->mr = implicit ? ibv_reg_mr(on ? on : pd, nullptr, SIZE_MAX, odp_access)
+				 : ibv_reg_mr(on ? on : pd, b->data, b->size, odp_access);
+		check(b->mr != nullptr, "ibv_reg_mr (ODP)");
+		undo_.push_back([mr = b->mr]() { return ibv_dereg_mr(mr) ? std::string("ibv_dereg_mr") : ""; });
+		Buffer *raw = b.get();
+		buffers_.push_back(std::move(b));
+		return raw;
+	}
+
 	// An MR over memory the caller owns (and keeps mapped).
 	Buffer *wrap(uint8_t *data, size_t size, uint32_t access)
 	{

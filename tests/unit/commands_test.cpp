@@ -210,7 +210,6 @@ TEST_F(CommandsTest, RegMrChecksTheCallersMappings)
 	EXPECT_EQ(reg_mr(pd, area, 3 * page, 0, r), EFAULT);  // runs into the hole
 	EXPECT_EQ(reg_mr(pd, area, 0, 0, r), EINVAL);
 	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_REMOTE_WRITE, r), EINVAL);  // needs local write
-	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_ON_DEMAND, r), EOPNOTSUPP);
 	EXPECT_EQ(reg_mr(pd + 100, area, page, 0, r), EINVAL);
 	EXPECT_EQ(dev.mrs_by_index.size(), 2u);
 	munmap(area, 2 * page);
@@ -292,6 +291,49 @@ TEST_F(CommandsTest, ReregMrRepublishesTheEntryWithItsKeys)
 	EXPECT_EQ(rereg(IBV_REREG_MR_CHANGE_ACCESS, nullptr, 0, 0, 0), EINVAL);  // no such MR
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_DEALLOC_PD, dealloc2), 0);
 	munmap(area, 2 * page);
+}
+
+TEST_F(CommandsTest, OdpMrsNeedNoMappingAndImplicitOnesCoverEverything)
+{
+	init_context();
+	uint32_t pd = alloc_pd();
+	long page = sysconf(_SC_PAGESIZE);
+	char *area = static_cast<char *>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+					      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+	ASSERT_NE(area, MAP_FAILED);
+	ASSERT_EQ(munmap(area + page, page), 0);
+	constexpr uint32_t kOdpWrite = IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+
+	ib_uverbs_reg_mr_resp r{};
+	EXPECT_EQ(reg_mr(pd, area, 3 * page, kOdpWrite, r), 0);  // over the hole: mapped later, or never
+	EXPECT_EQ(reg_mr(pd, area, 3 * page, IBV_ACCESS_LOCAL_WRITE, r), EFAULT);
+	EXPECT_EQ(reg_mr(pd, nullptr, SIZE_MAX, kOdpWrite, r), 0);  // implicit
+	const xsrc_mr_entry &e = dev.arena->mr_entry(r.lkey >> 8);
+	EXPECT_EQ(e.key, r.lkey);
+	EXPECT_EQ(e.addr, 0u);
+	EXPECT_EQ(e.length, UINT64_MAX);
+	EXPECT_TRUE(e.access & IBV_ACCESS_ON_DEMAND);
+	EXPECT_EQ(reg_mr(pd, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE, r), EFAULT);  // without ODP: not all mapped
+	EXPECT_EQ(reg_mr(pd, area + 2 * page, SIZE_MAX, kOdpWrite, r), EINVAL);  // wraps
+	EXPECT_EQ(reg_mr(pd, area, 0, kOdpWrite, r), EINVAL);
+	EXPECT_EQ(reg_mr(pd, area, page, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_WRITE, r), EINVAL);
+	EXPECT_EQ(dev.mrs_by_index.size(), 2u);
+	munmap(area, 3 * page);
+}
+
+TEST_F(CommandsTest, ExQueryDeviceReportsOdpCaps)
+{
+	init_context();
+	ib_uverbs_ex_query_device cmd{};
+	ib_uverbs_ex_query_device_resp resp{};
+	ASSERT_EQ(run_ex(IB_USER_VERBS_EX_CMD_QUERY_DEVICE, cmd, &resp, sizeof(resp)), 0);
+	EXPECT_EQ(resp.odp_caps.general_caps, uint64_t(IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
+	constexpr uint32_t kAll = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+				  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+	EXPECT_EQ(resp.odp_caps.per_transport_caps.rc_odp_caps, kAll);
+	EXPECT_EQ(resp.odp_caps.per_transport_caps.ud_odp_caps,
+		  uint32_t(IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV));
+	EXPECT_EQ(resp.xrc_odp_caps, kAll & ~uint32_t(IBV_ODP_SUPPORT_RECV));
 }
 
 TEST_F(CommandsTest, CompletionChannelsComeFromThePoolInOrder)
