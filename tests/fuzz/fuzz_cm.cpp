@@ -19,11 +19,14 @@
 
 #include "cm_fakes.h"
 #include "cm_input.h"
+#include "fuzz_findings.h"
 #include "log.h"
 
 namespace {
 
 using namespace xsrc;
+using xsrc::fuzz::finding;
+using xsrc::fuzz::open_fd_count;
 using namespace xsrc::cmfuzz;
 
 static_assert(kMemBase == cmtest::BufferCaller::kBase);
@@ -31,24 +34,6 @@ static_assert(kMemBase == cmtest::BufferCaller::kBase);
 constexpr size_t kMaxSteps = 256;
 
 bool g_trace;  // XSRC_FUZZ_TRACE=1: one line per step
-
-[[noreturn]] void finding(const char *what)
-{
-	fprintf(stderr, "xsrcd_fuzz_cm: FINDING: %s\n", what);
-	abort();
-}
-
-size_t open_fd_count()
-{
-	DIR *dir = opendir("/proc/self/fd");
-	if (!dir)
-		finding("cannot list /proc/self/fd");
-	size_t n = 0;
-	while (readdir(dir))
-		++n;
-	closedir(dir);
-	return n;
-}
 
 // MIGRATE_ID's fd names the other channel of the pair.
 uint64_t g_migrate_from;

@@ -34,6 +34,7 @@
 #include "command_capture.h"
 #include "dispatcher.h"
 #include "device.h"
+#include "fuzz_findings.h"
 #include "log.h"
 #include "netdev.h"
 #include "objects.h"
@@ -41,6 +42,8 @@
 namespace {
 
 using namespace xsrc;
+using xsrc::fuzz::finding;
+using xsrc::fuzz::open_fd_count;
 
 // The caller's address space. Response pointers of records with
 // kResponseInScratch point into the response area, slot * kSlotSize in.
@@ -61,12 +64,6 @@ constexpr int kFirstFileFd = 960;
 constexpr int kFdLimit = 1024;
 
 constexpr size_t kMaxRecords = 512;
-
-[[noreturn]] void finding(const char *what)
-{
-	fprintf(stderr, "xsrcd_fuzz_commands: FINDING: %s\n", what);
-	abort();
-}
 
 bool inside(uint64_t addr, uint64_t len, uint64_t base, uint64_t size)
 {
@@ -281,19 +278,6 @@ void trace(std::span<const std::byte> cmd, int err, const std::vector<std::byte>
 			fprintf(stderr, "%s%02x", i % 8 ? "" : " ", std::to_integer<unsigned>(area[room - kResponseBase + i]));
 	}
 	fprintf(stderr, "\n");
-}
-
-// Open fds of this process (the daemon must close what it opens).
-size_t open_fd_count()
-{
-	DIR *dir = opendir("/proc/self/fd");
-	if (!dir)
-		finding("cannot list /proc/self/fd");
-	size_t n = 0;
-	while (readdir(dir))
-		++n;
-	closedir(dir);
-	return n;
 }
 
 void check_device_empty(const Device &dev)
