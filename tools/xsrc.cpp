@@ -60,7 +60,8 @@ Environment:
   LD_PRELOAD      kept by env and run, after libxsrc-preload.so (which gives
                   dynamically linked, not setuid, programs /dev/infiniband/rdma_cm)
 
-up, down and run must be run as root.
+up and down must be run as root; run works for any user (a user namespace
+of its own gives it the mount namespace).
 Exit status: 0 success, 1 failure, 2 usage error, 3 xsrcd is not running (status).
 )usage";
 
@@ -414,7 +415,6 @@ int command_run(const Options &opts)
 {
 	if (opts.program.empty())
 		throw usage_error("run needs a command: xsrc run -- CMD [ARGS...]");
-	require_root();
 	RunDir run = RunDir::resolve(opts.rundir);
 	if (!device_view_present(run))
 		throw CliError("no xsrc device is up; run 'xsrc up' first");
