@@ -14,6 +14,7 @@
 #include <chrono>
 #include <vector>
 
+#include "command_yield.h"
 #include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
@@ -209,13 +210,47 @@ size_t slice(const std::vector<iovec> &iov, uint64_t from, uint64_t len, std::ar
 	return n;
 }
 
-// WRITE / READ through a bounce buffer of the daemon's.
-void move_bytes(Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov, const Target &t,
+// The caller's QP for a copy, able to send; nullptr when it is not.
+const Qp *sending_qp(Context &ctx, const xsrc_copy &cmd)
+{
+	const Qp *own = ctx.device ? lookup<Qp>(ctx, cmd.qp_handle) : nullptr;
+	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
+		return nullptr;
+	ibv_qp_state state = qp_current_state(*ctx.device, *own);
+	return state == IBV_QPS_RTS || state == IBV_QPS_SQD ? own : nullptr;
+}
+
+// After other commands ran (command_yield()): the rest of the copy, from
+// byte `done`, checked again from scratch — the device, our QP, the peer,
+// its key and range may have changed or gone since. `t` keeps addressing
+// byte 0 of the copy.
+uint32_t revalidate(Context &ctx, const xsrc_copy &cmd, uint64_t done, Target &t)
+{
+	const Qp *own = sending_qp(ctx, cmd);
+	if (!own)
+		return ESRCH;
+	xsrc_copy rest = cmd;
+	rest.peer_addr += done;
+	rest.length -= done;
+	if (uint32_t status = resolve_peer(ctx, *own, rest, t))
+		return status;
+	t.va -= done;
+	return owner_alive(*t.owner) ? 0 : ESRCH;
+}
+
+// WRITE / READ through a bounce buffer of the daemon's, a piece at a time;
+// between pieces other contexts' commands may run.
+void move_bytes(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov, Target &t,
 		xsrc_copy_resp &resp)
 {
 	std::vector<std::byte> bounce(std::min<uint64_t>(cmd.length, kBounceBytes));
 	bool write = cmd.op == XSRC_COPY_WRITE;
 	for (uint64_t done = 0; done < cmd.length;) {
+		if (done) {
+			command_yield();
+			if ((resp.status = revalidate(ctx, cmd, done, t)))
+				return;
+		}
 		uint64_t len = std::min<uint64_t>(cmd.length - done, bounce.size());
 		std::array<iovec, XSRC_COPY_MAX_IOV> mine;
 		std::span<const iovec> pieces(mine.data(), slice(iov, done, len, mine));
@@ -335,12 +370,9 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 		return refuse(ENOSPC, "no room for the response");
 
 	// The caller acts through one of its own QPs, able to send.
-	const Qp *own = lookup<Qp>(ctx, cmd.qp_handle);
-	if (!own || own->qp_type == IBV_QPT_XRC_RECV)
-		return refuse(EINVAL, "no such QP handle, or an XRC receive QP");
-	ibv_qp_state state = qp_current_state(*ctx.device, *own);
-	if (state != IBV_QPS_RTS && state != IBV_QPS_SQD)
-		return refuse(EINVAL, "QP not in RTS or SQD");
+	const Qp *own = sending_qp(ctx, cmd);
+	if (!own)
+		return refuse(EINVAL, "no such QP handle, an XRC receive QP, or a QP not in RTS or SQD");
 	// UD moves nothing but payloads into receives.
 	if (own->qp_type == IBV_QPT_UD && cmd.key_kind != XSRC_COPY_LKEY)
 		return refuse(EINVAL, "a UD QP names a remote key");
@@ -362,7 +394,7 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 			if (int err = atomic_op(ctx, caller, cmd, iov, t, resp))
 				return err;
 		} else {
-			move_bytes(caller, cmd, iov, t, resp);
+			move_bytes(ctx, caller, cmd, iov, t, resp);
 		}
 	}
 	return respond(caller, req, as_bytes_of(resp));

@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
+#include "command_yield.h"
 #include "dispatcher_handlers.h"
 #include "dispatcher.h"
 #include "device.h"
@@ -34,6 +37,26 @@ bool valid_device_name(const std::string &name)
 	});
 }
 
+// How long a yielding command lets waiters run at most before it takes the
+// lock back (new waiters may keep coming); and how it waits meanwhile.
+constexpr auto kYieldAtMost = std::chrono::milliseconds(20);
+constexpr auto kYieldPoll = std::chrono::microseconds(20);
+
+// The lock of the command running on this thread, for command_yield().
+struct YieldableLock {
+	std::unique_lock<std::mutex> *lock;
+	std::atomic<unsigned> *waiting;
+};
+thread_local YieldableLock *t_command_lock = nullptr;
+
+class CommandLockScope {
+public:
+	explicit CommandLockScope(YieldableLock &l) { t_command_lock = &l; }
+	~CommandLockScope() { t_command_lock = nullptr; }
+	CommandLockScope(const CommandLockScope &) = delete;
+	CommandLockScope &operator=(const CommandLockScope &) = delete;
+};
+
 // Is thread `tid` one of the threads of process `tgid`? One syscall.
 bool thread_of(pid_t tid, pid_t tgid)
 {
@@ -44,6 +67,28 @@ bool thread_of(pid_t tid, pid_t tgid)
 }
 
 }  // namespace
+
+void command_yield()
+{
+	YieldableLock *l = t_command_lock;
+	if (!l || l->waiting->load(std::memory_order_relaxed) == 0)
+		return;
+	l->lock->unlock();
+	// Unlocking wakes a waiter, but this thread would win the lock back
+	// before it runs: wait until the waiters took it (and gave it back).
+	auto until = std::chrono::steady_clock::now() + kYieldAtMost;
+	while (l->waiting->load(std::memory_order_relaxed) != 0 && std::chrono::steady_clock::now() < until)
+		std::this_thread::sleep_for(kYieldPoll);
+	l->lock->lock();
+}
+
+std::unique_lock<std::mutex> Daemon::lock()
+{
+	waiting_.fetch_add(1, std::memory_order_relaxed);
+	std::unique_lock lock(mu_);
+	waiting_.fetch_sub(1, std::memory_order_relaxed);
+	return lock;
+}
 
 Daemon::Daemon(std::string sysfs_root, std::string fuse_root, std::string shm_dir)
 	: sysfs_root_(std::move(sysfs_root)), fuse_root_(std::move(fuse_root)), shm_dir_(std::move(shm_dir))
@@ -75,7 +120,7 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 		return err;
 	}
 
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	if (Device *dev = find_device_locked(name)) {
 		if (dev->netdev.name == ifname || netdev_name.empty() || netdev_name == "-")
 			return EEXIST;
@@ -128,7 +173,7 @@ int Daemon::set_abi_revision(uint32_t revision)
 {
 	if (revision < 1 || revision > XSRC_DRIVER_ABI_REVISION)
 		return EINVAL;
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	abi_revision_ = revision;
 	return 0;
 }
@@ -151,7 +196,7 @@ int Daemon::remove_device(const std::string &name)
 {
 	std::function<void(const std::string &)> removed;
 	{
-		std::lock_guard lock(mu_);
+		auto lock = this->lock();
 		auto it = devices_.find(name);
 		if (it == devices_.end())
 			return ENODEV;
@@ -171,7 +216,7 @@ void Daemon::remove_all_devices()
 	std::vector<std::string> names;
 	std::function<void(const std::string &)> removed;
 	{
-		std::lock_guard lock(mu_);
+		auto lock = this->lock();
 		for (auto &[name, dev] : devices_) {
 			detach_device_locked(*dev);
 			names.push_back(name);
@@ -187,13 +232,13 @@ void Daemon::remove_all_devices()
 
 void Daemon::set_device_removed_hook(std::function<void(const std::string &)> hook)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	device_removed_ = std::move(hook);
 }
 
 std::string Daemon::status()
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	std::ostringstream out;
 	for (auto &[name, dev] : devices_) {
 		size_t objects = 0;
@@ -210,7 +255,7 @@ std::string Daemon::status()
 
 void Daemon::on_netdev_change(int ifindex)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	for (auto &[name, dev] : devices_) {
 		if (dev->netdev.ifindex != ifindex)
 			continue;
@@ -236,13 +281,13 @@ void Daemon::on_netdev_change(int ifindex)
 
 bool Daemon::device_exists(const std::string &name)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	return find_device_locked(name) != nullptr;
 }
 
 std::vector<std::string> Daemon::device_names()
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	std::vector<std::string> names;
 	for (auto &[name, dev] : devices_)
 		names.push_back(name);
@@ -258,7 +303,7 @@ int Daemon::open_context(const std::string &device, pid_t tid, uid_t uid, uint64
 	if (!caller->valid())
 		return ESRCH;
 
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	Device *dev = find_device_locked(device);
 	if (!dev)
 		return ENODEV;
@@ -285,7 +330,7 @@ int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 	std::unique_ptr<ProcessCaller> other;
 	pid_t owner;
 	{
-		std::lock_guard lock(mu_);
+		auto lock = this->lock();
 		auto it = contexts_.find(id);
 		if (it == contexts_.end())
 			return EBADF;
@@ -297,17 +342,21 @@ int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 			return ESRCH;
 	}
 
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	auto it = contexts_.find(id);
 	if (it == contexts_.end())
 		return EBADF;
 	Context &ctx = *it->second;
+	// A context lives while a command on its file runs (its release waits
+	// for the write), so `ctx` stays valid across command_yield().
+	YieldableLock yieldable{&lock, &waiting_};
+	CommandLockScope scope(yieldable);
 	return dispatch_command(ctx, other ? *other : *ctx.caller, command);
 }
 
 void Daemon::release_context(uint64_t id)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	auto it = contexts_.find(id);
 	if (it == contexts_.end())
 		return;
@@ -321,7 +370,7 @@ void Daemon::release_context(uint64_t id)
 
 bool Daemon::context_owner(uint64_t id, uid_t &uid)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	auto it = contexts_.find(id);
 	if (it == contexts_.end())
 		return false;
@@ -331,7 +380,7 @@ bool Daemon::context_owner(uint64_t id, uid_t &uid)
 
 size_t Daemon::object_count()
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	size_t n = 0;
 	for (auto &[id, ctx] : contexts_) {
 		ctx->prune_closed_channels();
@@ -356,7 +405,7 @@ void Daemon::owner_exits()
 
 void Daemon::on_owner_exit(uint64_t id)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	auto it = contexts_.find(id);
 	if (it == contexts_.end())
 		return;
@@ -371,7 +420,7 @@ void Daemon::on_owner_exit(uint64_t id)
 
 std::vector<CmDevice> Daemon::cm_devices()
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	std::vector<CmDevice> out;
 	for (auto &[name, dev] : devices_) {
 		CmDevice d;
@@ -388,7 +437,7 @@ std::vector<CmDevice> Daemon::cm_devices()
 
 void Daemon::cm_peer_gone(const std::string &device, uint32_t qpn)
 {
-	std::lock_guard lock(mu_);
+	auto lock = this->lock();
 	Device *dev = find_device_locked(device);
 	if (!dev || qpn < XSRC_QPN_BASE)
 		return;

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -66,11 +67,14 @@ public:
 	void owner_exits();
 
 private:
+	// mu_, counted while waited for (command_yield() lets waiters in).
+	std::unique_lock<std::mutex> lock();
 	Device *find_device_locked(const std::string &name);
 	void stop_watching_owner(Context &ctx);
 	void detach_device_locked(Device &dev);
 
 	std::mutex mu_;
+	std::atomic<unsigned> waiting_{0};  // threads blocked in lock()
 	std::string sysfs_root_;
 	std::string fuse_root_;
 	std::string shm_dir_;
