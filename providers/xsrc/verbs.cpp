@@ -31,6 +31,9 @@ int xsrc_query_device_ex(ibv_context *ibctx,
 		 static_cast<unsigned>(fw >> kFwMajorShift) & kFwFieldMask,
 		 static_cast<unsigned>(fw >> kFwMinorShift) & kFwFieldMask,
 		 static_cast<unsigned>(fw) & kFwFieldMask);
+	// Device memory is the provider's (dm.cpp), whatever the daemon says.
+	if (attr_size >= offsetof(ibv_device_attr_ex, max_dm_size) + sizeof(attr->max_dm_size))
+		attr->max_dm_size = XSRC_MAX_DM_SIZE;
 	return 0;
 }
 
@@ -107,7 +110,9 @@ int xsrc_dealloc_pd(ibv_pd *pd)
 	return 0;
 }
 
-ibv_mr *mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
+}  // namespace
+
+ibv_mr *xsrc_mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
 	xsrc_context *ctx = to_xsrc_ctx(pd->context);
 	struct ibv_reg_mr cmd{};
@@ -143,10 +148,12 @@ ibv_mr *mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int 
 	return &vmr.release()->ibv_mr;
 }
 
+namespace {
+
 ibv_mr *xsrc_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access)
 {
 	return xsrc_boundary(&to_xsrc_ctx(pd->context)->ibv_ctx, "reg_mr",
-			     [&] { return mr_register(pd, addr, length, hca_va, access); });
+			     [&] { return xsrc_mr_register(pd, addr, length, hca_va, access); });
 }
 
 // The bytes this context may have written into move with the MR (the CQ
@@ -183,6 +190,10 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 {
 	ibv_mr &mr = vmr->ibv_mr;
 	xsrc_context *ctx = to_xsrc_ctx(mr.context);
+	if (mr.handle == XSRC_NO_MR_HANDLE) {
+		delete vmr;
+		return 0;
+	}
 	if (int err = ibv_cmd_dereg_mr(vmr)) {
 		verbs_err(&ctx->ibv_ctx, "dereg_mr: the device refused lkey 0x%x: %s\n", mr.lkey, strerror(err));
 		return err;
@@ -230,6 +241,7 @@ bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
 // Everything not listed falls back to libibverbs' dummy ops (EOPNOTSUPP).
 const verbs_context_ops xsrc_ctx_ops = {
 	.advise_mr = xsrc_advise_mr,
+	.alloc_dm = xsrc_alloc_dm,
 	.alloc_parent_domain = xsrc_alloc_parent_domain,
 	.alloc_pd = xsrc_alloc_pd,
 	.alloc_td = xsrc_alloc_td,
@@ -257,6 +269,7 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.detach_mcast = xsrc_detach_mcast,
 #endif
 	.free_context = xsrc_free_context,
+	.free_dm = xsrc_free_dm,
 	.get_srq_num = xsrc_get_srq_num,
 	.modify_qp = xsrc_modify_qp,
 	.modify_srq = xsrc_modify_srq,
@@ -271,6 +284,7 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.query_qp = xsrc_query_qp,
 	.query_rt_values = xsrc_query_rt_values,
 	.query_srq = xsrc_query_srq,
+	.reg_dm_mr = xsrc_reg_dm_mr,
 	.reg_mr = xsrc_reg_mr,
 	.req_notify_cq = xsrc_req_notify_cq,
 	.rereg_mr = xsrc_rereg_mr,

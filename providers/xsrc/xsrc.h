@@ -445,6 +445,18 @@ bool xsrc_qp_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op);
 // posting never does; `builder`: also the ibv_wr_* staging. 0 or errno.
 int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder);
 
+// verbs.cpp: registers [addr, addr + length) at iova `hca_va` with the
+// device and records it as the provider's (reg_mr without the boundary).
+ibv_mr *xsrc_mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
+// An MR the device does not know (a zero-length DM MR): dereg frees it only.
+inline constexpr uint32_t XSRC_NO_MR_HANDLE = UINT32_MAX;
+
+// dm.cpp: device memory, host memory of the allocating process.
+inline constexpr uint64_t XSRC_MAX_DM_SIZE = 1u << 20;  // per allocation (max_dm_size)
+ibv_dm *xsrc_alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr);
+int xsrc_free_dm(ibv_dm *dm);
+ibv_mr *xsrc_reg_dm_mr(ibv_pd *pd, ibv_dm *dm, uint64_t dm_offset, size_t length, unsigned int access);
+
 // The errno an exception caught at the C boundary stands for.
 inline int xsrc_errno_of_current_exception() noexcept
 {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace xsrc_traffic {
@@ -145,6 +146,21 @@ private:
 			mrs_.push_back(b);
 			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
 				.set("lkey", b->lkey()).set("len", b->mr->length);
+		}
+		if (cmd == "dm_mr") {  // device memory filled with `fill`, a zero-based MR on [off, off+len)
+			Verbs::DevMem d = v.dev_mem(m.u64("size"), static_cast<uint32_t>(m.u64("access")),
+						    static_cast<uint8_t>(m.u64("fill", 0)), m.u64("off", 0), m.u64("len", 0));
+			dms_.push_back(d);
+			return r.set("id", dms_.size() - 1).set("rkey", d.mr->rkey).set("len", d.mr->length);
+		}
+		if (cmd == "dm_check") {  // bytes of the DM that differ from `fill`
+			Verbs::DevMem d = at(dms_, m.u64("dm"), "dm");
+			std::vector<uint8_t> bytes(d.size);
+			check_rc(ibv_memcpy_from_dm(bytes.data(), d.dm, 0, d.size), "ibv_memcpy_from_dm");
+			size_t off = m.u64("off", 0), len = m.u64("len", d.size - off);
+			auto fill = static_cast<uint8_t>(m.u64("fill"));
+			return r.set("bad", std::count_if(bytes.begin() + off, bytes.begin() + off + len,
+							  [fill](uint8_t b) { return b != fill; }));
 		}
 		if (cmd == "rereg") {  // ibv_rereg_mr; a new range is [off, off+len) of the same buffer
 			Buffer *b = at(mrs_, m.u64("mr"), "mr");
@@ -438,6 +454,7 @@ private:
 	std::vector<ibv_comp_channel *> channels_;  // per CQ, null if none
 	std::vector<ibv_srq *> srqs_;
 	std::vector<Buffer *> mrs_;
+	std::vector<Verbs::DevMem> dms_;
 	std::vector<ibv_qp *> qps_;
 };
 

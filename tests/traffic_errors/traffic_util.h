@@ -249,6 +249,31 @@ public:
 		return raw;
 	}
 
+	// Device memory of `size` bytes filled with `fill`, with a zero-based MR
+	// over [mr_off, mr_off + mr_len) of it.
+	struct DevMem {
+		ibv_dm *dm = nullptr;
+		ibv_mr *mr = nullptr;
+		size_t size = 0;
+	};
+	DevMem dev_mem(size_t size, uint32_t access, uint8_t fill, size_t mr_off = 0, size_t mr_len = 0)
+	{
+		DevMem d;
+		ibv_alloc_dm_attr attr{};
+		attr.length = size;
+		d.size = size;
+		d.dm = ibv_alloc_dm(ctx, &attr);
+		check(d.dm != nullptr, "ibv_alloc_dm(" + std::to_string(size) + ")");
+		undo_.push_back([dm = d.dm]() { return ibv_free_dm(dm) ? std::string("ibv_free_dm") : ""; });
+		std::vector<uint8_t> bytes(size, fill);
+		check_rc(ibv_memcpy_to_dm(d.dm, 0, bytes.data(), size), "ibv_memcpy_to_dm");
+		d.mr = ibv_reg_dm_mr(pd, d.dm, mr_off, mr_len ? mr_len : size - mr_off,
+				     access | IBV_ACCESS_ZERO_BASED);
+		check(d.mr != nullptr, "ibv_reg_dm_mr");
+		undo_.push_back([mr = d.mr]() { return ibv_dereg_mr(mr) ? std::string("ibv_dereg_mr") : ""; });
+		return d;
+	}
+
 	// An on-demand-paging MR over fresh anonymous memory that nobody has
 	// touched yet (no page exists until the first access); `implicit`: the
 	// MR is the implicit one covering the whole address space, and the
