@@ -321,5 +321,31 @@ TEST_F(AtomicWrite, ErrorsWriteNothing)
 	EXPECT_EQ(peer_bad_bytes(ro, kPeerFill), 0u);
 }
 
+// For the compat tests (XSRC_EXPECT_NO_MW=1): a provider or daemon older
+// than revision 4 has no windows. The r1 provider: libibverbs' stub answers
+// EOPNOTSUPP. Today's provider against a daemon at --abi 1 to 3
+// (XSRC_EXPECT_ABI_REVISION): the daemon refuses windows and MW_BIND and
+// reports none.
+TEST(MwAbsent, BeforeRevision4)
+{
+	if (xsrc_test::env_or("XSRC_EXPECT_NO_MW", "") != "1")
+		GTEST_SKIP() << "for the compat tests (XSRC_EXPECT_NO_MW=1)";
+	Verbs v;
+	errno = 0;
+	EXPECT_EQ(ibv_alloc_mw(v.pd, IBV_MW_TYPE_1), nullptr);
+	EXPECT_EQ(errno, EOPNOTSUPP);
+	if (std::stoul(xsrc_test::env_or("XSRC_EXPECT_ABI_REVISION", "4")) < 4) {
+		std::vector<uint8_t> buf(4096);
+		errno = 0;
+		EXPECT_EQ(ibv_reg_mr(v.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND), nullptr);
+		EXPECT_EQ(errno, EOPNOTSUPP);
+		ibv_device_attr attr{};
+		ASSERT_EQ(ibv_query_device(v.ctx, &attr), 0);
+		EXPECT_EQ(attr.max_mw, 0);
+		EXPECT_FALSE(attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW);
+	}
+	EXPECT_EQ(v.close(), "");
+}
+
 }  // namespace
 }  // namespace xsrc_traffic
