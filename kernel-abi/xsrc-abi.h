@@ -33,8 +33,11 @@
  * commands exist. Reported by the daemon in xsrc_get_context_resp::driver_abi
  * (revision 1 daemons report 1 there too). See README.md in this directory.
  * Revision 3 added UD multicast: the ATTACH_MCAST / DETACH_MCAST commands and
- * the arena's multicast table (xsrc-queues.h, xsrc_mcast_table). */
-#define XSRC_DRIVER_ABI_REVISION 3
+ * the arena's multicast table (xsrc-queues.h, xsrc_mcast_table).
+ * Revision 4 added memory windows: the ALLOC_MW / DEALLOC_MW commands,
+ * XSRC_CMD_BIND_MW and XSRC_CMD_INVALIDATE, and the window fields of the
+ * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn). */
+#define XSRC_DRIVER_ABI_REVISION 4
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -157,6 +160,17 @@ enum {
 	 * memory itself. The daemon checks the key against its own records
 	 * (never the arena's, which any process can write). */
 	XSRC_CMD_COPY = 0xf2,
+	/* v4: a bind work request reached the head of the caller's send queue:
+	 * the device checks it against its own records (window, MR, QP, PDs,
+	 * range, rights) and publishes the window's MR table entry. No
+	 * response: EINVAL (a check failed) completes the request with
+	 * IBV_WC_MW_BIND_ERR. */
+	XSRC_CMD_BIND_MW = 0xf3,
+	/* v4: invalidate a type 2 window's rkey: LOCAL_INV on the caller's QP,
+	 * or the responder's side of a SEND_WITH_INV the caller executes. No
+	 * response: EINVAL when the rkey names no window that may be
+	 * invalidated there. */
+	XSRC_CMD_INVALIDATE = 0xf4,
 };
 
 enum xsrc_event_kind {
@@ -229,6 +243,35 @@ struct xsrc_copy_resp {
 			* PD), ESRCH (peer gone), EFAULT (caller's buffers) */
 	__u32 reserved;
 	__aligned_u64 bytes; /* bytes moved */
+};
+
+/* XSRC_CMD_BIND_MW (v4) */
+#define XSRC_NO_HANDLE 0xffffffffu
+
+struct xsrc_bind_mw {
+	__u32 comp_mask;         /* 0 */
+	__u32 qp_handle;         /* the caller's QP whose send queue carries the bind */
+	__u32 mw_handle;
+	__u32 mr_handle;         /* XSRC_NO_HANDLE: none (a type 1 window unbound) */
+	__u32 rkey;              /* the window's new rkey: its index, the binder's key byte */
+	__u32 access;            /* IB_UVERBS_ACCESS_* the window grants */
+	__aligned_u64 addr;      /* in the MR's address space (its iova) */
+	__aligned_u64 length;    /* 0: a type 1 window is unbound (invalidated) */
+};
+
+/* XSRC_CMD_INVALIDATE (v4) */
+enum xsrc_invalidate_kind {
+	XSRC_INVALIDATE_LOCAL = 1,  /* IBV_WR_LOCAL_INV: a window of the caller's QP's PD */
+	XSRC_INVALIDATE_REMOTE = 2, /* SEND_WITH_INV: a window of the peer QP's PD, bound to it */
+};
+
+struct xsrc_invalidate {
+	__u32 comp_mask;         /* 0 */
+	__u32 kind;              /* enum xsrc_invalidate_kind */
+	__u32 qp_handle;         /* the caller's QP */
+	__u32 rkey;
+	__u32 peer_qpn;          /* REMOTE: the responder QP, connected to qp_handle's; else 0 */
+	__u32 reserved;          /* 0 */
 };
 
 #endif /* XSRC_ABI_H */

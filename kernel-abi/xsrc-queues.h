@@ -14,7 +14,10 @@
  * Driver ABI revision 3 appended the multicast table (mcast_table_off, in
  * what was the header's first reserved word): still version 1, since a
  * provider that predates it never reads that word and the table is only
- * found through it. Frozen earlier formats: history/rN/xsrc-queues.h.
+ * found through it. Revision 4 gave the MR entry's reserved word to memory
+ * windows (mw_type, bound_qpn): an older provider never reads it and sees a
+ * window as an MR with remote access only. Frozen earlier formats:
+ * history/rN/xsrc-queues.h.
  */
 #ifndef XSRC_QUEUES_H
 #define XSRC_QUEUES_H
@@ -28,7 +31,7 @@
 #define XSRC_ARENA_SIZE (1ULL << 30)          /* sparse: only used pages cost memory */
 
 #define XSRC_QP_TABLE_LEN 16384   /* == max_qp */
-#define XSRC_MR_TABLE_LEN 65536   /* == max_mr; key >> 8 indexes it */
+#define XSRC_MR_TABLE_LEN 65536   /* MRs and windows; key >> 8 indexes it */
 #define XSRC_SRQ_TABLE_LEN 16384  /* == max_srq */
 #define XSRC_ATOMIC_LOCKS 4096    /* device-wide lock table for IBV_ATOMIC_HCA */
 #define XSRC_MAX_RECV_SGE 32      /* == max_sge; bounds xsrc_recv_wqe */
@@ -110,8 +113,12 @@ struct xsrc_qp_entry {
 	__u8 reserved2[48];
 };
 
-/* One memory region. Valid when key != 0; the daemon writes every field
- * before publishing `key` (release) and clears `key` first on deregistration. */
+/* One memory region, or (revision 4) one bound memory window. Valid when
+ * key != 0; the daemon writes every field before publishing `key` (release)
+ * and clears `key` first on deregistration, unbinding or invalidation.
+ * A window's entry describes the bound range: addr/length/iova are the
+ * window's (inside its MR), access its remote rights, pd_id its PD; an
+ * unbound window has no entry (key 0), so every rkey check misses it. */
 struct xsrc_mr_entry {
 	__u32 key;            /* atomic; lkey == rkey == index << 8 | salt */
 	__u32 pd_id;
@@ -120,7 +127,10 @@ struct xsrc_mr_entry {
 	__u64 addr;           /* where the bytes are in the owner */
 	__u64 length;
 	__u64 iova;           /* what remote keys address (== addr unless ZERO_BASED/iova) */
-	__u64 reserved;
+	/* r4 (was a reserved word, always 0 before): */
+	__u32 mw_type;        /* 0: an MR; 1 or 2: a memory window (an rkey only, never an lkey) */
+	__u32 bound_qpn;      /* a type 2 window: the QP it was bound on, the only one it
+			       * is reached through (IBTA type 2B); else 0 */
 };
 
 /* One shared receive queue. Valid when srqn != 0. */

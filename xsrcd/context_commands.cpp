@@ -120,6 +120,11 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 	ib_uverbs_ex_query_device_resp resp{};
 	fill_query_device(*ctx.device, resp.base);
 	resp.device_cap_flags_ex = resp.base.device_cap_flags;
+	// IBV_WR_ATOMIC_WRITE came with revision 4's providers. The bit is the
+	// kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (Linux 6.2; newer than Debian's header).
+	constexpr uint64_t kDeviceAtomicWrite = 1ULL << 40;
+	if (abi_revision(ctx) >= 4)
+		resp.device_cap_flags_ex |= kDeviceAtomicWrite;
 	resp.timestamp_mask = UINT64_MAX;  // a 64-bit nanosecond count
 	resp.hca_core_clock = XSRC_CORE_CLOCK_KHZ;
 	fill_odp_caps(*ctx.device, resp);

@@ -78,6 +78,18 @@ PdId pd_id_of(Context &ctx, std::optional<PdHandle> pd_handle)
 	return pd ? pd->pd_id : PdId();
 }
 
+// [peer_addr, +length) inside a key's range that starts at iova (at addr in
+// the owner): 0 with `t` filled, else EACCES.
+uint32_t resolve_range(Context *owner, uint64_t addr, uint64_t iova, uint64_t length, const xsrc_copy &cmd,
+		       Target &t)
+{
+	if (cmd.peer_addr < iova || cmd.length > length || cmd.peer_addr - iova > length - cmd.length)
+		return EACCES;
+	t.owner = owner;
+	t.va = addr + (cmd.peer_addr - iova);
+	return 0;
+}
+
 // Resolves the peer side: 0 with `t` filled, or the status (EACCES, ESRCH)
 // explaining why the caller may not reach it.
 uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target &t)
@@ -135,15 +147,19 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	} else {
 		need = IB_UVERBS_ACCESS_LOCAL_WRITE;
 	}
+	// An rkey may name a bound window (r4) instead: its range, rights, PD
+	// and (type 2) the QP it was bound on, as the daemon recorded the bind.
+	if (cmd.key_kind == XSRC_COPY_RKEY)
+		if (const Mw *mw = mw_find(dev, *owner, cmd.key)) {
+			if (pd_id_of(*owner, mw->pd_handle) != pd_id || (mw->access & need) != need ||
+			    (mw->type == IBV_MW_TYPE_2 && mw->qpn != peer->qpn()))
+				return EACCES;
+			return resolve_range(owner, mw->addr, mw->iova, mw->length, cmd, t);
+		}
 	const Mr *mr = find_mr(dev, *owner, cmd.key);
 	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || (mr->access & need) != need)
 		return EACCES;
-	if (cmd.peer_addr < mr->iova || cmd.length > mr->length ||
-	    cmd.peer_addr - mr->iova > mr->length - cmd.length)
-		return EACCES;
-	t.owner = owner;
-	t.va = mr->addr + (cmd.peer_addr - mr->iova);
-	return 0;
+	return resolve_range(owner, mr->addr, mr->iova, mr->length, cmd, t);
 }
 
 // Reads the caller's iovec array and checks it adds up to `length`.

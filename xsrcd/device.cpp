@@ -40,11 +40,20 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &r)
 	r.max_pkeys = 1;
 	r.local_ca_ack_delay = 15;
 	r.phys_port_cnt = 1;
+	if (mw_supported(dev)) {  // memory windows came with revision 4: types 1 and 2B
+		r.device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+		r.max_mw = L::max_mw;
+	}
 	if (dev.abi_revision >= 3) {  // multicast came with revision 3
 		r.max_mcast_grp = L::max_mcast_grp;
 		r.max_mcast_qp_attach = L::max_mcast_qp_attach;
 		r.max_total_mcast_qp_attach = L::max_total_mcast_qp_attach;
 	}
+}
+
+bool mw_supported(const Device &dev)
+{
+	return dev.abi_revision >= 4;
 }
 
 bool odp_supported(const Device &dev)

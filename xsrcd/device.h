@@ -14,6 +14,8 @@ void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &resp);
 void fill_odp_caps(const Device &dev, ib_uverbs_ex_query_device_resp &resp);
 // Whether the device takes IB_UVERBS_ACCESS_ON_DEMAND (revision 3 providers honour it).
 bool odp_supported(const Device &dev);
+// Whether the device has memory windows (driver ABI revision 4).
+bool mw_supported(const Device &dev);
 
 // Rebuilds dev.view (GUID, GIDs, port state, MTU) from dev.netdev.
 void refresh_device_view(Device &dev);

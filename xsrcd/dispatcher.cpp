@@ -56,6 +56,9 @@ const CommandTable &write_commands()
 		t[IB_USER_VERBS_CMD_DEREG_MR] =
 			spec<ib_uverbs_dereg_mr>("DEREG_MR", cmd_dereg_mr, false);
 		t[IB_USER_VERBS_CMD_REREG_MR] = spec<ib_uverbs_rereg_mr>("REREG_MR", cmd_rereg_mr, true);
+		t[IB_USER_VERBS_CMD_ALLOC_MW] = spec<ib_uverbs_alloc_mw>("ALLOC_MW", cmd_alloc_mw, true);
+		t[IB_USER_VERBS_CMD_DEALLOC_MW] =
+			spec<ib_uverbs_dealloc_mw>("DEALLOC_MW", cmd_dealloc_mw, false);
 		t[IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL] =
 			spec<ib_uverbs_create_comp_channel>("CREATE_COMP_CHANNEL", cmd_create_comp_channel, true);
 		t[IB_USER_VERBS_CMD_CREATE_CQ] =
@@ -99,6 +102,9 @@ const CommandTable &write_commands()
 		t[XSRC_CMD_RAISE_EVENT] =
 			spec<xsrc_raise_event>("XSRC_RAISE_EVENT", cmd_raise_event, false);
 		t[XSRC_CMD_COPY] = spec<xsrc_copy>("XSRC_COPY", cmd_copy, true);
+		t[XSRC_CMD_BIND_MW] = spec<xsrc_bind_mw>("XSRC_BIND_MW", cmd_bind_mw, false);
+		t[XSRC_CMD_INVALIDATE] =
+			spec<xsrc_invalidate>("XSRC_INVALIDATE", cmd_invalidate, false);
 		return t;
 	}();
 	return table;
@@ -134,6 +140,11 @@ uint32_t command_revision(uint32_t num)
 	case IB_USER_VERBS_CMD_ATTACH_MCAST:
 	case IB_USER_VERBS_CMD_DETACH_MCAST:
 		return 3;
+	case IB_USER_VERBS_CMD_ALLOC_MW:
+	case IB_USER_VERBS_CMD_DEALLOC_MW:
+	case XSRC_CMD_BIND_MW:
+	case XSRC_CMD_INVALIDATE:
+		return 4;
 	default:
 		return 1;
 	}
@@ -268,6 +279,7 @@ int decode_and_run(Context &ctx, Caller &caller, std::span<const std::byte> byte
 void destroy_context_objects(Context &ctx)
 {
 	release_all<Qp>(ctx, release_qp);
+	release_all<Mw>(ctx, release_mw);
 	release_all<Srq>(ctx, release_srq);
 	release_all<Ah>(ctx, release_ah);
 	release_all<Cq>(ctx, release_cq);

@@ -26,6 +26,21 @@ int cmd_dereg_mr(Context &ctx, Caller &caller, const Request &req);
 int cmd_rereg_mr(Context &ctx, Caller &caller, const Request &req);
 void release_pd(Context &ctx, uint32_t handle);
 void release_mr(Context &ctx, uint32_t handle);
+// A free index of the MR table (MRs and windows share it, and its keys).
+uint32_t allocate_key_index(Device &dev);
+
+// mw_commands.cpp (driver ABI r4): memory windows.
+int cmd_alloc_mw(Context &ctx, Caller &caller, const Request &req);
+int cmd_dealloc_mw(Context &ctx, Caller &caller, const Request &req);
+int cmd_bind_mw(Context &ctx, Caller &caller, const Request &req);
+int cmd_invalidate(Context &ctx, Caller &caller, const Request &req);
+void release_mw(Context &ctx, uint32_t handle);
+// The windows bound to an MR that goes or changes, or (type 2) to a QP that
+// goes, lose their binding.
+void mw_unbind_from_mr(Device &dev, uint32_t mr_index);
+void mw_unbind_from_qp(Device &dev, Qpn qpn);
+// The bound window `rkey` names in `owner`, or null (XSRC_CMD_COPY's check).
+const Mw *mw_find(Device &dev, Context &owner, uint32_t rkey);
 
 // cq_commands.cpp
 int cmd_create_cq(Context &ctx, Caller &caller, const Request &req);

@@ -38,6 +38,8 @@ struct DeviceLimits {
 	static constexpr uint32_t max_cq = 16384;
 	static constexpr uint32_t max_cqe = 65535;
 	static constexpr uint32_t max_mr = XSRC_MR_TABLE_LEN - 1;  // index 0 makes no key
+	// Memory windows (driver ABI r4) share the MR table's key space.
+	static constexpr uint32_t max_mw = 16384;
 	static constexpr uint32_t max_pd = 16384;
 	static constexpr uint32_t max_qp_rd_atom = 16;
 	static constexpr uint32_t max_srq = 16384;
@@ -84,6 +86,24 @@ struct Mr {
 	Lkey lkey;
 	Rkey rkey;
 	uint32_t index() const { return lkey.value() >> 8; }  // in the MR table (the key's salt is below)
+};
+
+// A memory window (driver ABI r4). Its rkey names an MR table index of its
+// own; while bound (length != 0) the arena's entry at that index describes
+// the window's range, so that every rkey check of the data path covers it.
+struct Mw {
+	PdHandle pd_handle;
+	uint8_t type = 0;            // IBV_MW_TYPE_1 or IBV_MW_TYPE_2
+	Rkey rkey;                   // index << 8 | the key byte of the last bind
+	// The binding; length 0: unbound (a type 2 window is then free to bind).
+	uint32_t mr_index = 0;       // the MR it is bound to (Device::mrs_by_index)
+	Qpn qpn;                     // type 2: the QP it was bound on
+	uint64_t addr = 0;           // where the window starts in the owner
+	uint64_t iova = 0;           // what its rkey addresses (0 when zero based)
+	uint64_t length = 0;
+	uint32_t access = 0;         // IB_UVERBS_ACCESS_* it grants
+	uint32_t index() const { return rkey.value() >> 8; }
+	bool bound() const { return length != 0; }
 };
 
 struct Cq {
@@ -200,7 +220,7 @@ struct Xrcd {
 	uint32_t use_count = 0;  // XRC SRQs and XRC receive QP handles through it
 };
 
-using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah, Xrcd>;
+using Object = std::variant<Pd, Mr, Cq, Qp, Srq, Ah, Xrcd, Mw>;
 
 struct Channel {
 	unique_fd wr;                // daemon's copy of the pipe's write end
@@ -272,6 +292,9 @@ struct Device {
 	uint32_t next_mr_index = 1;
 	uint8_t key_salt = 0;
 	std::map<uint32_t, Mr *> mrs_by_index;  // device-wide MR table (lkey/rkey >> 8)
+	// Memory windows (r4), by their index in the same table, and the
+	// context each lives in (its MR's: a window and its MR share a PD).
+	std::map<uint32_t, std::pair<Context *, Mw *>> mws_by_index;
 
 	uint32_t next_pd_id = 1;
 	std::set<PdId> pd_ids;                  // in use

@@ -14,7 +14,7 @@ constexpr uint32_t kSupportedAccess =
 	IB_UVERBS_ACCESS_LOCAL_WRITE | IB_UVERBS_ACCESS_REMOTE_WRITE |
 	IB_UVERBS_ACCESS_REMOTE_READ | IB_UVERBS_ACCESS_REMOTE_ATOMIC |
 	IB_UVERBS_ACCESS_ZERO_BASED | IB_UVERBS_ACCESS_HUGETLB |
-	IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+	IB_UVERBS_ACCESS_OPTIONAL_RANGE | IB_UVERBS_ACCESS_MW_BIND;
 
 // Ids count up and wrap, so that a freed id is not reused at once.
 PdId allocate_pd_id(Device &dev)
@@ -27,17 +27,6 @@ PdId allocate_pd_id(Device &dev)
 	return PdId(id);
 }
 
-// MR table indices; keys are (index << 8 | salt), as HCAs build them, so a
-// stale key whose index was reused by a later MR still misses.
-uint32_t allocate_mr_index(Device &dev)
-{
-	uint32_t index = dev.next_mr_index;
-	while (index == 0 || index >= XSRC_MR_TABLE_LEN || dev.mrs_by_index.count(index))
-		index = index >= XSRC_MR_TABLE_LEN - 1 ? 1 : index + 1;
-	dev.next_mr_index = index + 1;
-	return index;
-}
-
 void publish_mr(Context &ctx, const Mr &mr, PdId pd_id)
 {
 	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr.index());
@@ -47,11 +36,24 @@ void publish_mr(Context &ctx, const Mr &mr, PdId pd_id)
 	e.addr = mr.addr;
 	e.length = mr.length;
 	e.iova = mr.iova;
-	e.reserved = 0;
+	e.mw_type = 0;
+	e.bound_qpn = 0;
 	store_release<__u32>(e.key, mr.lkey.value());  // last: the entry is complete
 }
 
 }  // namespace
+
+// MR table indices (of MRs and windows); keys are (index << 8 | salt), as
+// HCAs build them, so a stale key whose index was reused still misses.
+uint32_t allocate_key_index(Device &dev)
+{
+	uint32_t index = dev.next_mr_index;
+	while (index == 0 || index >= XSRC_MR_TABLE_LEN || dev.mrs_by_index.count(index) ||
+	       dev.mws_by_index.count(index))
+		index = index >= XSRC_MR_TABLE_LEN - 1 ? 1 : index + 1;
+	dev.next_mr_index = index + 1;
+	return index;
+}
 
 int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req)
 {
@@ -108,7 +110,8 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 	bool odp = cmd.access_flags & IB_UVERBS_ACCESS_ON_DEMAND;
 	if (odp && !odp_supported(*ctx.device))
 		return refuse(EOPNOTSUPP, "on-demand paging needs driver ABI revision 3");
-	// Such as memory windows.
+	if ((cmd.access_flags & IB_UVERBS_ACCESS_MW_BIND) && !mw_supported(*ctx.device))
+		return refuse(EOPNOTSUPP, "memory windows need driver ABI revision 4");
 	if (cmd.access_flags & ~(kSupportedAccess | IB_UVERBS_ACCESS_ON_DEMAND))
 		return refuse(EOPNOTSUPP, "unsupported access flags");
 	// IBTA o10-37: remote write or atomic access requires local write.
@@ -122,7 +125,8 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 	if (cmd.length == 0 || (!implicit && cmd.start + cmd.length < cmd.start))
 		return refuse(EINVAL, "zero length, or the range wraps around");
 	Device &dev = *ctx.device;
-	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr)
+	if (dev.mrs_by_index.size() >= DeviceLimits::max_mr ||
+	    dev.mrs_by_index.size() + dev.mws_by_index.size() >= DeviceLimits::max_mr)
 		return refuse(ENOMEM, "limit: max_mr MRs on the device");
 	bool writable = cmd.access_flags & (IB_UVERBS_ACCESS_LOCAL_WRITE |
 					    IB_UVERBS_ACCESS_REMOTE_WRITE |
@@ -132,7 +136,7 @@ int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 		if (int err = caller.check_mapped(cmd.start, cmd.length, writable))
 			return refuse(err, "the range is not mapped in the caller, or not writable");
 
-	uint32_t index = allocate_mr_index(dev);
+	uint32_t index = allocate_key_index(dev);
 	uint32_t key = index << 8 | dev.key_salt++;
 	Mr mr{PdHandle(cmd.pd_handle), cmd.start, cmd.length, cmd.hca_va, cmd.access_flags,
 	      Lkey(key), Rkey(key)};
@@ -157,6 +161,7 @@ void release_mr(Context &ctx, uint32_t handle)
 	if (!mr)
 		return;
 	if (Device *dev = ctx.device) {
+		mw_unbind_from_mr(*dev, mr->index());
 		xsrc_mr_entry &e = dev->arena->mr_entry(mr->index());
 		store_release<__u32>(e.key, 0);  // first: no new access passes the check
 		e = xsrc_mr_entry{};
@@ -197,6 +202,8 @@ int cmd_rereg_mr(Context &ctx, Caller &caller, const Request &req)
 	if (cmd.flags & IB_MR_REREG_ACCESS) {
 		if (cmd.access_flags & ~kSupportedAccess)
 			return refuse(EOPNOTSUPP, "unsupported access flags");
+		if ((cmd.access_flags & IB_UVERBS_ACCESS_MW_BIND) && !mw_supported(*ctx.device))
+			return refuse(EOPNOTSUPP, "memory windows need driver ABI revision 4");
 		if ((cmd.access_flags & (IB_UVERBS_ACCESS_REMOTE_WRITE | IB_UVERBS_ACCESS_REMOTE_ATOMIC)) &&
 		    !(cmd.access_flags & IB_UVERBS_ACCESS_LOCAL_WRITE))
 			return refuse(EINVAL, "remote write or atomic access without local write");
@@ -225,6 +232,8 @@ int cmd_rereg_mr(Context &ctx, Caller &caller, const Request &req)
 		if (old_pd)
 			--old_pd->use_count;
 	}
+	// Windows bound to the old MR do not follow it to its new range or rights.
+	mw_unbind_from_mr(*ctx.device, mr->index());
 	xsrc_mr_entry &e = ctx.device->arena->mr_entry(mr->index());
 	store_release<__u32>(e.key, 0);  // first: no access passes the check while it changes
 	*mr = next;

@@ -419,6 +419,7 @@ void release_qp(Context &ctx, uint32_t handle)
 		clear_qp_entry(e);
 		dev->arena->release(qp->rq_off);  // quarantined: a peer may still hold the offset
 		dev->qp_slots.release(qp->index);
+		mw_unbind_from_qp(*dev, qp->qpn());  // a later QP of this number reaches none of them
 	}
 	unuse<Pd>(ctx, qp->pd_handle);
 	unuse<Cq>(ctx, qp->send_cq_handle);

@@ -27,9 +27,11 @@ const xsrc_mr_entry *live_mr_at(xsrc_mr_entry *mr, uint32_t key)
 
 }  // namespace
 
+// A window's key (r4) is an rkey only: as an lkey it names nothing.
 const xsrc_mr_entry *xsrc_peer_live_mr(const xsrc::Arena &arena, xsrc::Lkey key)
 {
-	return live_mr_at(arena.mr(key), key.value());
+	const xsrc_mr_entry *mr = live_mr_at(arena.mr(key), key.value());
+	return mr && mr->mw_type == 0 ? mr : nullptr;
 }
 
 const xsrc_mr_entry *xsrc_peer_live_mr(const xsrc::Arena &arena, xsrc::Rkey key)

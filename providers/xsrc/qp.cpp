@@ -12,7 +12,11 @@ namespace {
 constexpr uint64_t supported_send_ops =
 	IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
 	IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-	IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+	IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	| IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV
+#endif
+	;
 constexpr uint32_t supported_init_mask =
 	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
 // A UD send to a group never reaches the sending QP (mcast.cpp), so blocking
@@ -37,8 +41,8 @@ bool qp_has_recv_queue(ibv_qp_type type)
 
 bool inline_allowed(ibv_wr_opcode op)
 {
-	return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
-	       op == IBV_WR_RDMA_WRITE_WITH_IMM;
+	return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV ||
+	       op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
 // Builds the WQE of `wr` in place. Returns 0 or an errno.
@@ -62,8 +66,24 @@ int qp_wqe_from_wr(xsrc_qp *qp, const ibv_send_wr *wr, xsrc_send_wqe &wqe)
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_WRITE:  // the 8 bytes come from the gather list
 		wqe.remote_addr = wr->wr.rdma.remote_addr;
 		wqe.rkey = xsrc::Rkey(wr->wr.rdma.rkey);
+		break;
+	case IBV_WR_BIND_MW:
+		if (!wr->bind_mw.mw) {
+			verbs_debug(qp_vctx(qp), "post_send: QP %u: a bind without a window\n", qp->qpn.value());
+			return EINVAL;
+		}
+		xsrc_mw_wqe_bind(wqe, wr->bind_mw.mw, wr->bind_mw.rkey, wr->bind_mw.bind_info);
+		wqe.num_sge = 0;
+		break;
+	case IBV_WR_LOCAL_INV:
+		wqe.num_sge = 0;
+		wqe.invalidate_rkey = wr->invalidate_rkey;
+		break;
+	case IBV_WR_SEND_WITH_INV:
+		wqe.invalidate_rkey = wr->invalidate_rkey;
 		break;
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
@@ -242,7 +262,14 @@ bool xsrc_qp_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_ATOMIC_WRITE:
 		return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	case IBV_WR_BIND_MW:
+	case IBV_WR_LOCAL_INV:
+	case IBV_WR_SEND_WITH_INV:
+		return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_XRC_SEND;
+#endif
 	default:
 		return false;
 	}

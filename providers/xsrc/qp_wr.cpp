@@ -4,6 +4,7 @@
 // at wr_complete and moved into the send queue. Nothing here allocates.
 #include "xsrc.h"
 
+#include <cstring>
 #include <utility>
 
 namespace {
@@ -92,6 +93,30 @@ void qp_wr_atomic_fetch_add(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, uint64_
 {
 	qp_wr_new_remote(qp, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr)->compare_add = add;
 }
+
+void qp_wr_atomic_write(ibv_qp_ex *qp, uint32_t rkey, uint64_t addr, const void *atomic_wr)
+{
+	xsrc_send_wqe *w = qp_wr_new_remote(qp, IBV_WR_ATOMIC_WRITE, rkey, addr);
+	std::memcpy(&w->swap, atomic_wr, sizeof(w->swap));
+	w->atomic_value_inline = true;
+}
+
+#if XSRC_DRIVER_ABI_REVISION >= 4
+void qp_wr_bind_mw(ibv_qp_ex *qp, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *info)
+{
+	xsrc_mw_wqe_bind(*qp_wr_new(qp, IBV_WR_BIND_MW), mw, rkey, *info);
+}
+
+void qp_wr_local_inv(ibv_qp_ex *qp, uint32_t invalidate_rkey)
+{
+	qp_wr_new(qp, IBV_WR_LOCAL_INV)->invalidate_rkey = invalidate_rkey;
+}
+
+void qp_wr_send_inv(ibv_qp_ex *qp, uint32_t invalidate_rkey)
+{
+	qp_wr_new(qp, IBV_WR_SEND_WITH_INV)->invalidate_rkey = invalidate_rkey;
+}
+#endif
 
 void qp_wr_set_sge(ibv_qp_ex *qp, uint32_t lkey, uint64_t addr, uint32_t length)
 {
@@ -185,6 +210,12 @@ void xsrc_qp_wr_set_ops(ibv_qp_ex &q)
 	q.wr_rdma_read = qp_wr_rdma_read;
 	q.wr_atomic_cmp_swp = qp_wr_atomic_cmp_swp;
 	q.wr_atomic_fetch_add = qp_wr_atomic_fetch_add;
+	q.wr_atomic_write = qp_wr_atomic_write;
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	q.wr_bind_mw = qp_wr_bind_mw;
+	q.wr_local_inv = qp_wr_local_inv;
+	q.wr_send_inv = qp_wr_send_inv;
+#endif
 	q.wr_set_sge = qp_wr_set_sge;
 	q.wr_set_sge_list = qp_wr_set_sge_list;
 	q.wr_set_inline_data = qp_wr_set_inline_data;

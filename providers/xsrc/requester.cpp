@@ -34,6 +34,12 @@ ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
 		return IBV_WC_COMP_SWAP;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return IBV_WC_FETCH_ADD;
+	case IBV_WR_ATOMIC_WRITE:
+		return IBV_WC_ATOMIC_WRITE;
+	case IBV_WR_BIND_MW:
+		return IBV_WC_BIND_MW;
+	case IBV_WR_LOCAL_INV:
+		return IBV_WC_LOCAL_INV;
 	default:
 		return IBV_WC_SEND;
 	}
@@ -46,6 +52,15 @@ const xsrc_transport *requester_engine(const xsrc_context *ctx, const xsrc_qp *q
 	if (qp->type == IBV_QPT_UD)
 		return wqe.ah ? wqe.ah->engine : ctx->transport;
 	return qp->engine ? qp->engine : ctx->transport;
+}
+
+// One attempt at `wqe`: a bind or local invalidation is the device's own
+// work (mw.cpp), anything else goes to the engine of its destination.
+Result requester_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
+{
+	if (wqe.opcode == IBV_WR_BIND_MW || wqe.opcode == IBV_WR_LOCAL_INV)
+		return xsrc_mw_execute_local(ctx, qp, wqe);
+	return requester_engine(ctx, qp, wqe)->execute(ctx, qp, wqe);
 }
 
 void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, ibv_wc_status status,
@@ -144,7 +159,7 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.
-	Result res = requester_engine(ctx, qp, wqe)->execute(ctx, qp, wqe);
+	Result res = requester_execute(ctx, qp, wqe);
 	if (res.attempt == xsrc_attempt::done) {
 		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
 		return;
@@ -171,7 +186,7 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 				return qp->retry_at_ns;
 			qp->retry_at_ns = 0;
 		}
-		Result res = requester_engine(ctx, qp, qp->sq.front())->execute(ctx, qp, qp->sq.front());
+		Result res = requester_execute(ctx, qp, qp->sq.front());
 		if (!requester_settle_head(ctx, qp, res, now ? now : xsrc_requester_now_ns()))
 			return qp->retry_at_ns;
 	}

@@ -30,6 +30,16 @@ struct xsrc_send_wqe {
 	xsrc::Qpn remote_qpn;
 	uint32_t remote_qkey = 0;
 	xsrc::Srqn remote_srqn;          // XRC
+	// IBV_WR_BIND_MW: the window, the MR (UINT32_MAX: none), its rights and
+	// length; the new rkey is `rkey`, the start `remote_addr`.
+	uint32_t mw_handle = 0;
+	uint32_t mr_handle = 0;
+	uint32_t mw_access = 0;
+	uint64_t bind_length = 0;
+	uint32_t invalidate_rkey = 0;    // IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV
+	// IBV_WR_ATOMIC_WRITE from ibv_wr_atomic_write: the 8 bytes are in
+	// `swap`, not in a gather list.
+	bool atomic_value_inline = false;
 	// The gather list and the inline bytes (IBV_SEND_INLINE: copied at
 	// post) as posted; more than the slot holds is refused before use.
 	size_t num_sge = 0;

@@ -245,6 +245,12 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 	if (!r.rq || !xsrc::recv_pop(r.rq, rwqe))
 		return responder_no_receive(qp, r);
 	responder_check_srq_limit(ctx, r);
+	// SEND_WITH_INV: the responder invalidates the rkey (the device checks
+	// the window is bound to this QP); refused, it is an invalid request.
+	if (wqe.opcode == IBV_WR_SEND_WITH_INV && !xsrc_mw_remote_invalidate(ctx, qp, r.qpn(), wqe.invalidate_rkey)) {
+		responder_error(ctx, r, rwqe, IBV_WC_REM_INV_REQ_ERR);
+		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
+	}
 
 	bool is_write_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	uint64_t len = local.total + (ud ? kGrhBytes : 0);
@@ -255,6 +261,9 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 	if (wqe.opcode == IBV_WR_SEND_WITH_IMM || is_write_imm) {
 		c.imm_data = wqe.imm_data;
 		c.wc_flags |= IBV_WC_WITH_IMM;
+	} else if (wqe.opcode == IBV_WR_SEND_WITH_INV) {
+		c.imm_data = wqe.invalidate_rkey;  // ibv_wc::invalidated_rkey
+		c.wc_flags |= IBV_WC_WITH_INV;
 	}
 	if (wqe.flags & IBV_SEND_SOLICITED)
 		c.flags |= XSRC_CQE_SOLICITED;
@@ -322,6 +331,7 @@ uint32_t remote_access_needed(ibv_wr_opcode op)
 	switch (op) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_ATOMIC_WRITE:  // as rxe: a write, done atomically
 		return IBV_ACCESS_REMOTE_WRITE;
 	case IBV_WR_RDMA_READ:
 		return IBV_ACCESS_REMOTE_READ;
@@ -349,6 +359,7 @@ struct RemoteAccess {
 		return err == EFAULT ? Result::failed(IBV_WC_LOC_PROT_ERR) : responder_access_error(ctx, r);
 	}
 	Result atomic_op();
+	Result atomic_write(uint64_t value);
 	std::optional<Result> move_bytes(bool read);
 };
 
@@ -389,6 +400,29 @@ Result RemoteAccess::atomic_op()
 	return Result::done(kAtomicBytes);
 }
 
+// IBV_WR_ATOMIC_WRITE: the 8 bytes land at once, under the device-wide
+// atomics lock, so that no atomic of another requester sees half of them.
+Result RemoteAccess::atomic_write(uint64_t value)
+{
+	iovec val_iov{&value, kAtomicBytes};
+	if (path == xsrc_peer_path::direct) {
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		int err = xsrc_peer_write(peer(), &val_iov, 1, &remote, 1, kAtomicBytes);
+		if (!err)
+			return Result::done(kAtomicBytes);
+		if (err != EPERM)
+			return err == ESRCH ? Result::unreachable() : responder_access_error(ctx, r);
+		path = xsrc_peer_refused(ctx, r.owner_pid);
+	}
+	if (path == xsrc_peer_path::none)
+		return Result::unreachable();
+	copy.what = xsrc_peer_copy::op::write;
+	if (int err = xsrc_peer_device_copy(ctx, qp, copy, &val_iov, 1, kAtomicBytes))
+		return copy_failed(err);
+	return Result::done(kAtomicBytes);
+}
+
 // The bytes of a READ or WRITE, moved by us or by the device: nothing once
 // they moved, else how the work request ends.
 std::optional<Result> RemoteAccess::move_bytes(bool read)
@@ -420,12 +454,19 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 
 	bool is_atomic = need == IBV_ACCESS_REMOTE_ATOMIC;
 	bool is_read = need == IBV_ACCESS_REMOTE_READ;
+	bool is_atomic_write = wqe.opcode == IBV_WR_ATOMIC_WRITE;
 	xsrc_local_buffers local;
-	if (!xsrc_peer_local_buffers(ctx, qp, wqe, is_read || is_atomic, local))
+	uint64_t atomic_value = wqe.swap;  // ibv_wr_atomic_write's 8 bytes
+	if (is_atomic_write && wqe.atomic_value_inline) {
+		local.iov[0] = {&atomic_value, kAtomicBytes};
+		local.count = 1;
+		local.total = kAtomicBytes;
+	} else if (!xsrc_peer_local_buffers(ctx, qp, wqe, is_read || is_atomic, local)) {
 		return Result::failed(IBV_WC_LOC_PROT_ERR);
-	if (is_atomic && (local.total != kAtomicBytes || local.count != 1))
+	}
+	if ((is_atomic || is_atomic_write) && (local.total != kAtomicBytes || local.count != 1))
 		return Result::failed(IBV_WC_LOC_LEN_ERR);
-	if (is_atomic && (wqe.remote_addr & (kAtomicBytes - 1)))
+	if ((is_atomic || is_atomic_write) && (wqe.remote_addr & (kAtomicBytes - 1)))
 		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
 	if (local.total > XSRC_MAX_MSG_SIZE)
 		return Result::failed(IBV_WC_LOC_LEN_ERR);
@@ -440,8 +481,11 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 	}
 
 	uint64_t va;
-	if (!xsrc_peer_mr_range(xsrc_peer_live_mr(ctx->arena, wqe.rkey), r.owner_pid, r.rkey_pd_id,
-				wqe.remote_addr, local.total, need, va))
+	const xsrc_mr_entry *key = xsrc_peer_live_mr(ctx->arena, wqe.rkey);
+	if (!xsrc_peer_mr_range(key, r.owner_pid, r.rkey_pd_id, wqe.remote_addr, local.total, need, va))
+		return responder_access_error(ctx, r);
+	// A type 2 window is reached only through the QP it was bound on (2B).
+	if (key->bound_qpn && key->bound_qpn != r.qp->qpn)
 		return responder_access_error(ctx, r);
 	RemoteAccess access{ctx, qp, wqe, r, local, {reinterpret_cast<void *>(va), local.total},
 			    xsrc_peer_path_to(ctx, r.owner_pid), responder_copy(qp, r)};
@@ -453,6 +497,10 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 
 	if (is_atomic)
 		return access.atomic_op();
+	if (is_atomic_write) {
+		std::memcpy(&atomic_value, local.iov[0].iov_base, kAtomicBytes);
+		return access.atomic_write(atomic_value);
+	}
 	if (is_read) {
 		if (std::optional<Result> ended = access.move_bytes(true))
 			return *ended;
@@ -557,7 +605,7 @@ Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, 
 	if (wqe.retried() && responder_owner_dead(ctx, r))
 		return Result::unreachable();
 
-	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM) {
+	if (wqe.opcode == IBV_WR_SEND || wqe.opcode == IBV_WR_SEND_WITH_IMM || wqe.opcode == IBV_WR_SEND_WITH_INV) {
 		if (ud) {
 			uint32_t qkey = (wqe.remote_qkey & kQkeyUseQps) ? qp->entry->qkey : wqe.remote_qkey;
 			if (qkey != r.qp->qkey)

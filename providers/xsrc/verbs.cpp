@@ -242,12 +242,18 @@ bool xsrc_local_mrs::covers(uint64_t addr, uint64_t length) const
 const verbs_context_ops xsrc_ctx_ops = {
 	.advise_mr = xsrc_advise_mr,
 	.alloc_dm = xsrc_alloc_dm,
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	.alloc_mw = xsrc_mw_alloc,
+#endif
 	.alloc_parent_domain = xsrc_alloc_parent_domain,
 	.alloc_pd = xsrc_alloc_pd,
 	.alloc_td = xsrc_alloc_td,
 	.async_event = xsrc_async_event,
 #if XSRC_DRIVER_ABI_REVISION >= 3
 	.attach_mcast = xsrc_attach_mcast,
+#endif
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	.bind_mw = xsrc_mw_bind,
 #endif
 	.close_xrcd = xsrc_close_xrcd,
 	.cq_event = xsrc_cq_event,
@@ -258,6 +264,9 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.create_qp_ex = xsrc_create_qp_ex,
 	.create_srq = xsrc_create_srq,
 	.create_srq_ex = xsrc_create_srq_ex,
+#if XSRC_DRIVER_ABI_REVISION >= 4
+	.dealloc_mw = xsrc_mw_dealloc,
+#endif
 	.dealloc_pd = xsrc_dealloc_pd,
 	.dealloc_td = xsrc_dealloc_td,
 	.dereg_mr = xsrc_dereg_mr,

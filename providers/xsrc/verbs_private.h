@@ -282,6 +282,11 @@ struct ibv_rereg_mr {
 	ib_uverbs_rereg_mr core_payload;
 };
 
+struct ibv_alloc_mw {
+	ib_uverbs_cmd_hdr hdr;
+	ib_uverbs_alloc_mw core_payload;
+};
+
 struct ibv_create_cq {
 	ib_uverbs_cmd_hdr hdr;
 	ib_uverbs_create_cq core_payload;
@@ -406,6 +411,9 @@ int ibv_cmd_reg_mr(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
 		   size_t cmd_size, ib_uverbs_reg_mr_resp *resp,
 		   size_t resp_size);
 int ibv_cmd_dereg_mr(verbs_mr *vmr);
+int ibv_cmd_alloc_mw(ibv_pd *pd, enum ibv_mw_type type, ibv_mw *mw, struct ibv_alloc_mw *cmd, size_t cmd_size,
+		     ib_uverbs_alloc_mw_resp *resp, size_t resp_size);
+int ibv_cmd_dealloc_mw(ibv_mw *mw);
 int ibv_cmd_rereg_mr(verbs_mr *vmr, uint32_t flags, void *addr, size_t length, uint64_t hca_va, int access,
 		     ibv_pd *pd, struct ibv_rereg_mr *cmd, size_t cmd_sz, ib_uverbs_rereg_mr_resp *resp,
 		     size_t resp_sz);

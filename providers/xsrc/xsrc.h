@@ -435,6 +435,19 @@ int xsrc_progress_prepare(xsrc_context *ctx) noexcept;
 void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept;
 void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept;
 
+// mw.cpp: memory windows (driver ABI r4).
+ibv_mw *xsrc_mw_alloc(ibv_pd *pd, enum ibv_mw_type type);
+int xsrc_mw_dealloc(ibv_mw *mw);
+int xsrc_mw_bind(ibv_qp *qp, ibv_mw *mw, ibv_mw_bind *bind) noexcept;
+// Fills a bind WQE (IBV_WR_BIND_MW) of `mw` with the new `rkey`.
+void xsrc_mw_wqe_bind(xsrc_send_wqe &wqe, const ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info &info);
+// Executes a bind or LOCAL_INV at its turn in the send queue (the device
+// checks it): done, or failed with IBV_WC_MW_BIND_ERR / IBV_WC_LOC_QP_OP_ERR.
+xsrc_attempt_result xsrc_mw_execute_local(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept;
+// The responder's side of SEND_WITH_INV: the device invalidates `rkey`, a
+// type 2 window bound to the peer QP. False when it refused.
+bool xsrc_mw_remote_invalidate(xsrc_context *ctx, xsrc_qp *qp, xsrc::Qpn peer, uint32_t rkey) noexcept;
+
 // qp_wr.cpp: the ibv_qp_ex work-request builder.
 void xsrc_qp_wr_set_ops(ibv_qp_ex &q);
 // qp.cpp: what a HCA checks when a WQE is posted. Returns 0 or an errno

@@ -2,11 +2,12 @@
 # Today's provider against a daemon that serves driver ABI revision 1
 # (`xsrc up --abi 1` -> `xsrcd --abi 1`): the device opens, GET_CONTEXT
 # reports revision 1 with nothing past the r1 fields, XSRC_CMD_COPY does not
-# exist, neither does multicast (nor at --abi 2), and real traffic works.
+# exist, neither does multicast (nor at --abi 2), nor memory windows (nor at
+# --abi 2 and 3), and real traffic works.
 # The daemon runs in a mount namespace of its own (fresh /run, /dev/shm,
 # /dev/infiniband), beside the xsrc0 of the other tests.
 # Environment: XSRC, XSRC_BIN, XSRC_RUNDIR, SYSFS_PATH, RDMAV_DRIVERS,
-# COMMAND_FILE_ABI_TEST, MCAST_TEST, XSRC_TESTS_DIR.
+# COMMAND_FILE_ABI_TEST, MCAST_TEST, TRAFFIC_ERRORS_TEST, XSRC_TESTS_DIR.
 set -u
 if [ "${1:-}" != --inside ]; then
   exec unshare -m --propagation private "$0" --inside
@@ -44,6 +45,8 @@ step "ibv_devinfo opens the device" ibv_devinfo -d xsrc0
 step "GET_CONTEXT answers as revision 1" env XSRC_EXPECT_ABI_REVISION=1 "$COMMAND_FILE_ABI_TEST"
 step "no multicast at revision 1" env XSRC_EXPECT_NO_MCAST=1 XSRC_EXPECT_ABI_REVISION=1 \
   "$MCAST_TEST" --gtest_filter=Mcast.AbsentBeforeRevision3
+step "no memory windows at revision 1" env XSRC_EXPECT_NO_MW=1 XSRC_EXPECT_ABI_REVISION=1 \
+  "$TRAFFIC_ERRORS_TEST" --gtest_filter=MwAbsent.*
 
 pp=$XSRC_TESTS_DIR/traffic/pingpong.sh
 step "rc_pingpong" "$pp" 18851 ibv_rc_pingpong -g 1 -s 4096 -n 200
@@ -60,6 +63,14 @@ step "xsrc up --abi 2" "$XSRC" up --name xsrc0 --abi 2
 step "GET_CONTEXT answers as revision 2" env XSRC_EXPECT_ABI_REVISION=2 "$COMMAND_FILE_ABI_TEST"
 step "no multicast at revision 2" env XSRC_EXPECT_NO_MCAST=1 XSRC_EXPECT_ABI_REVISION=2 \
   "$MCAST_TEST" --gtest_filter=Mcast.AbsentBeforeRevision3
+"$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
+
+# Revision 3: no memory windows (they came with revision 4).
+step "xsrc up --abi 3" "$XSRC" up --name xsrc0 --abi 3
+step "GET_CONTEXT answers as revision 3" env XSRC_EXPECT_ABI_REVISION=3 "$COMMAND_FILE_ABI_TEST"
+step "no memory windows at revision 3" env XSRC_EXPECT_NO_MW=1 XSRC_EXPECT_ABI_REVISION=3 \
+  "$TRAFFIC_ERRORS_TEST" --gtest_filter=MwAbsent.*
+step "rc_pingpong at revision 3" "$XSRC_TESTS_DIR/traffic/pingpong.sh" 18857 ibv_rc_pingpong -g 1 -s 4096 -n 100
 "$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
 
 # The other way round: a daemon at the default revision refuses --abi 1.

@@ -194,10 +194,8 @@ TEST_F(CommandFile, UnknownCommandsAreEopnotsupp)
 		EXPECT_EQ(raw_write(fd_, legacy_cmd(num, body, sizeof(resp))), EOPNOTSUPP)
 			<< "command " << std::hex << num;
 	}
-	// Core commands this device does not implement (memory windows, the
-	// kernel-side poll) are unknown too.
-	EXPECT_EQ(raw_write(fd_, legacy_cmd(IB_USER_VERBS_CMD_ALLOC_MW, body, sizeof(resp))),
-		  EOPNOTSUPP);
+	// Core commands this device does not implement (the kernel-side poll)
+	// are unknown too.
 	EXPECT_EQ(raw_write(fd_, legacy_cmd(IB_USER_VERBS_CMD_POLL_CQ, body, sizeof(resp))),
 		  EOPNOTSUPP);
 	ib_uverbs_ex_query_device ex{};

@@ -35,6 +35,11 @@ class DevinfoTest(unittest.TestCase):
         self.assertRegex(out, r"max_mcast_grp:\s+1024\n")
         self.assertRegex(out, r"max_mcast_qp_attach:\s+64\n")
         self.assertRegex(out, r"max_total_mcast_qp_attach:\s+8192\n")
+        # Memory windows (driver ABI r4): types 1 and 2B, the limit the device enforces.
+        self.assertRegex(out, r"max_mw:\s+16384\n")
+        self.assertRegex(out, r"device_cap_flags:.*\n(\t+[A-Z_0-9]+\n)*\t+MEM_WINDOW\n")
+        self.assertRegex(out, r"\n\t+MEM_WINDOW_TYPE_2B\n")
+        self.assertNotRegex(out, r"MEM_WINDOW_TYPE_2A")
         # On-demand paging (the data path never pins pages): every transport,
         # every operation it has; implicit MRs too.
         self.assertRegex(out, r"general_odp_caps:\n\s+ODP_SUPPORT\n\s+ODP_SUPPORT_IMPLICIT\n")

@@ -2,7 +2,7 @@
 // the captured programs never send (the provider uses the non-extended
 // commands): extended CREATE_CQ / CREATE_QP / MODIFY_QP, RESIZE_CQ,
 // REQ_NOTIFY_CQ, SRQ modify/query, RAISE_EVENT on the stream's own objects,
-// XSRC_CMD_COPY, REREG_MR, ATTACH_MCAST / DETACH_MCAST. Built from the kernel's and xsrc's own structs, so the
+// XSRC_CMD_COPY, REREG_MR, ATTACH_MCAST / DETACH_MCAST, memory windows. Built from the kernel's and xsrc's own structs, so the
 // seeds follow the ABI headers. Handles and numbers are those a fresh device
 // hands out (handles from 0, QPN/SRQN from their bases, MR keys from 1 << 8).
 //   xsrcd_fuzz_seeds OUTDIR    (tests/fuzz/corpus: synthetic-*)
@@ -329,6 +329,58 @@ Stream multicast()
 	return s.cmd(IB_USER_VERBS_CMD_DESTROY_QP, dq, sizeof(ib_uverbs_destroy_qp_resp));  // EBUSY
 }
 
+// Memory windows (driver ABI r4): an MR with MW_BIND, windows of types 1, 2
+// and 3 (EINVAL), binds (one refused), local and remote invalidation (the
+// remote one refused: the QP is connected to nobody), the MR's dereg
+// unbinding the rest, a dealloc.
+Stream windows()
+{
+	Stream s;
+	open_context(s);  // PD 0
+	s.ex(IB_USER_VERBS_EX_CMD_CREATE_CQ, ex_cq(-1), sizeof(ib_uverbs_ex_create_cq_resp),
+	     sizeof(xsrc_create_cq_resp));  // 1
+	s.ex(IB_USER_VERBS_EX_CMD_CREATE_QP, ex_qp(IBV_QPT_RC, 0, 1), sizeof(ib_uverbs_ex_create_qp_resp),
+	     sizeof(xsrc_create_qp_resp));  // 2
+	ib_uverbs_reg_mr mr{};
+	mr.response = kSomeResponse;
+	mr.start = mr.hca_va = kSomeAddress;
+	mr.length = 4096;
+	mr.access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+	s.cmd(IB_USER_VERBS_CMD_REG_MR, mr, sizeof(ib_uverbs_reg_mr_resp));  // 3, key 0x100
+	for (uint8_t type : {uint8_t(IBV_MW_TYPE_1), uint8_t(IBV_MW_TYPE_2), uint8_t(3)}) {  // 4 (0x201), 5 (0x302), EINVAL
+		ib_uverbs_alloc_mw mw{};
+		mw.response = kSomeResponse;
+		mw.mw_type = type;
+		s.cmd(IB_USER_VERBS_CMD_ALLOC_MW, mw, sizeof(ib_uverbs_alloc_mw_resp));
+	}
+	xsrc_bind_mw b{};
+	b.qp_handle = 2;
+	b.mw_handle = 4;
+	b.mr_handle = 3;
+	b.rkey = 0x202;
+	b.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	b.addr = kSomeAddress + 64;
+	b.length = 256;
+	s.cmd(XSRC_CMD_BIND_MW, b);
+	b.mw_handle = 5;
+	b.rkey = 0x303;
+	s.cmd(XSRC_CMD_BIND_MW, b);
+	s.cmd(XSRC_CMD_BIND_MW, b);  // EINVAL: a bound type 2 window
+	xsrc_invalidate inv{};
+	inv.kind = XSRC_INVALIDATE_REMOTE;
+	inv.qp_handle = 2;
+	inv.rkey = 0x303;
+	inv.peer_qpn = XSRC_QPN_BASE;
+	s.cmd(XSRC_CMD_INVALIDATE, inv);  // EINVAL: not connected
+	inv.kind = XSRC_INVALIDATE_LOCAL;
+	inv.peer_qpn = 0;
+	s.cmd(XSRC_CMD_INVALIDATE, inv);
+	b.rkey = 0x304;
+	s.cmd(XSRC_CMD_BIND_MW, b);
+	s.cmd(IB_USER_VERBS_CMD_DEREG_MR, ib_uverbs_dereg_mr{3});
+	return s.cmd(IB_USER_VERBS_CMD_DEALLOC_MW, ib_uverbs_dealloc_mw{4});
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
@@ -340,7 +392,7 @@ int main(int argc, char **argv)
 	std::string dir = argv[1];
 	bool ok = extended_rc().write(dir + "/synthetic-extended-rc") &&
 		  srq_and_copy().write(dir + "/synthetic-srq-copy") &&
-		  multicast().write(dir + "/synthetic-multicast");
+		  multicast().write(dir + "/synthetic-multicast") && windows().write(dir + "/synthetic-windows");
 	if (!ok)
 		fprintf(stderr, "%s: cannot write the seeds into %s\n", argv[0], dir.c_str());
 	return ok ? 0 : 1;

@@ -4,10 +4,14 @@
 //     script starts one as root, one as uid 65534, and then the other way
 //     round). Each end is the requester once and the responder once: RC SEND
 //     (large, and small enough for the CQ ring), RDMA WRITE, RDMA READ,
-//     fetch-and-add, compare-and-swap and a UD SEND, every byte checked; then
-//     access errors: an rkey without remote access, a key nobody registered
-//     and (from the unprivileged end) an MR entry forged in the world-writable
-//     arena must each give IBV_WC_REM_ACCESS_ERR with nothing written.
+//     fetch-and-add, compare-and-swap and a UD SEND, every byte checked, and
+//     an RDMA WRITE through the responder's type 2 memory window; then
+//     access errors: an rkey without remote access, a key nobody registered,
+//     the window's rkey through another QP than it was bound on (from the
+//     unprivileged end with the window's arena entry forged to name no QP),
+//     and (from the unprivileged end) an MR entry forged in the
+//     world-writable arena must each give IBV_WC_REM_ACCESS_ERR with nothing
+//     written.
 //   uid_test handles
 //     As root: makes objects, then runs itself as uid 65534 (`probe`) with
 //     their handle numbers: a second user cannot use, query or destroy them,
@@ -65,7 +69,7 @@ void check(bool ok, const char *fmt, ...)
 }
 
 constexpr int kGidIndex = 1;
-constexpr int kRcPairs = 7;      // 0: traffic; 1-3 and 4-6: the error cases of each direction
+constexpr int kRcPairs = 9;      // 0: traffic; 1-3 and 4-6: the error cases of each direction; 7, 8: the window's
 constexpr size_t kBig = 64 * 1024;
 constexpr size_t kSmall = 100;
 constexpr size_t kUd = 512;
@@ -78,6 +82,8 @@ constexpr size_t kRecvOff = 0;                 // RC SENDs land here (big, then 
 constexpr size_t kRdmaOff = 128 * 1024;        // WRITE target [0,64K), READ source [64K,128K)
 constexpr size_t kCounterOff = 256 * 1024;     // the atomics' target
 constexpr size_t kUdOff = 260 * 1024;          // UD receive (GRH + payload)
+constexpr size_t kWinOff = 384 * 1024;         // a type 2 window's 64 bytes, then 64 outside it
+constexpr size_t kWinLen = 64;
 constexpr size_t kLocalOff = 512 * 1024;       // our own sources and destinations
 constexpr size_t kBufLen = 1024 * 1024;
 constexpr size_t kSecretLen = 4096;
@@ -169,6 +175,7 @@ struct Side {
 	unsigned char *secret = nullptr;
 	ibv_mr *mr = nullptr;
 	ibv_mr *secret_mr = nullptr;
+	ibv_mw *mw = nullptr;
 	ibv_gid gid{};
 	ibv_ah *ah = nullptr;
 };
@@ -232,7 +239,7 @@ Info setup(Side &s)
 	s.secret = static_cast<unsigned char *>(aligned_alloc(4096, kSecretLen));
 	memset(s.buf, 0, kBufLen);
 	memset(s.secret, 0x5a, kSecretLen);
-	s.mr = ibv_reg_mr(s.pd, s.buf, kBufLen, kAllAccess);
+	s.mr = ibv_reg_mr(s.pd, s.buf, kBufLen, kAllAccess | IBV_ACCESS_MW_BIND);
 	s.secret_mr = ibv_reg_mr(s.pd, s.secret, kSecretLen, IBV_ACCESS_LOCAL_WRITE);
 	if (!s.mr || !s.secret_mr)
 		die("reg mr");
@@ -335,11 +342,47 @@ ibv_wc_status run_op(Side &s, ibv_qp *qp, ibv_wr_opcode op, ibv_sge sge, uint64_
 
 const char *who(const Info &i) { return i.uid == 0 ? "root" : "uid 65534"; }
 
+// The device's arena mapped writable (anyone may: it is world-writable), or
+// MAP_FAILED; `fd` is its file, to close after munmap.
+void *map_arena(int &fd)
+{
+	std::ifstream f(env_or("SYSFS_PATH", "/sys") + "/class/infiniband/" + test_device() + "/" +
+			XSRC_SYSFS_SHM_FILE);
+	std::string path;
+	std::getline(f, path);
+	fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+	return fd >= 0 ? mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+}
+
+// A type 2 window over [kWinOff, +kWinLen) of our buffer, bound on rc[0]
+// with remote write; its rkey (0 when it failed).
+uint32_t bind_window(Side &s)
+{
+	s.mw = ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
+	check(s.mw != nullptr, "ibv_alloc_mw type 2");
+	if (!s.mw)
+		return 0;
+	ibv_send_wr wr{}, *bad;
+	wr.wr_id = 0xb1;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.bind_mw.mw = s.mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(s.mw->rkey);
+	wr.bind_mw.bind_info = {s.mr, ptr(s.buf + kWinOff), kWinLen, IBV_ACCESS_REMOTE_WRITE};
+	ibv_wc wc{};
+	bool ok = ibv_post_send(s.rc[0], &wr, &bad) == 0 && poll_one(s, wc) && wc.status == IBV_WC_SUCCESS &&
+		  wc.opcode == IBV_WC_BIND_MW;
+	check(ok, "a type 2 window bound on the traffic QP");
+	return ok ? wr.bind_mw.rkey : 0;
+}
+
 void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int err_base)
 {
 	unsigned char *local = s.buf + kLocalOff;
 	uint32_t lkey = s.mr->lkey;
 	sync_point(phase);  // the responder's receives are posted
+	uint32_t window_rkey = 0;
+	link_recv(&window_rkey);
 	printf("-- %s -> %s\n", who(me), who(peer));
 
 	fill(local, kBig, phase + 1);
@@ -378,9 +421,38 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 	check(s.ah && run_op(s, s.ud, IBV_WR_SEND, {ptr(local), kUd, lkey}, 0, 0, 0, 0, s.ah, peer.ud_qpn) ==
 				      IBV_WC_SUCCESS,
 	      "UD SEND 512 B");
+	fill(local, kWinLen, phase + 7);
+	check(run_op(s, s.rc[0], IBV_WR_RDMA_WRITE, {ptr(local), kWinLen, lkey}, peer.buf + kWinOff, window_rkey) ==
+		      IBV_WC_SUCCESS,
+	      "RDMA WRITE through the peer's type 2 window");
 	sync_point(10 + phase);  // the peer checks what arrived
 
 	// Access errors, each on a fresh connection (the first error ends one).
+	// The window answers only the QP it was bound on (type 2B). The
+	// unprivileged end first rewrites the window's arena entry to "bound to
+	// no QP", so that only the device's own record refuses it.
+	int wfd = -1;
+	void *wbase = me.uid != 0 ? map_arena(wfd) : MAP_FAILED;
+	xsrc_mr_entry *forged = nullptr;
+	if (wbase != MAP_FAILED) {
+		auto *hdr = static_cast<xsrc_arena_header *>(wbase);
+		forged = reinterpret_cast<xsrc_mr_entry *>(static_cast<char *>(wbase) + hdr->mr_table_off) +
+			 (window_rkey >> 8);
+		check(forged->key == window_rkey && forged->bound_qpn == peer.rc_qpn[0],
+		      "the window's arena entry names the QP it was bound on");
+		forged->bound_qpn = 0;
+	}
+	fill(local, kWinLen, phase + 8);
+	st = run_op(s, s.rc[err_base == 1 ? 7 : 8], IBV_WR_RDMA_WRITE, {ptr(local), kWinLen, lkey},
+		    peer.buf + kWinOff, window_rkey);
+	check(st == IBV_WC_REM_ACCESS_ERR, "RDMA WRITE through the window on another QP%s: %s",
+	      forged ? " (its arena entry forged)" : "", ibv_wc_status_str(st));
+	if (forged)
+		forged->bound_qpn = peer.rc_qpn[0];
+	if (wbase != MAP_FAILED)
+		munmap(wbase, XSRC_ARENA_SIZE);
+	if (wfd >= 0)
+		close(wfd);
 	fill(local, 64, phase + 6);
 	st = run_op(s, s.rc[err_base], IBV_WR_RDMA_WRITE, {ptr(local), 64, lkey}, peer.secret,
 				  peer.secret_rkey);
@@ -393,13 +465,8 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 		// Forge an MR entry in the arena (which anyone may write) that
 		// grants remote write on the peer's secret: the device must not
 		// believe it.
-		std::ifstream f(env_or("SYSFS_PATH", "/sys") + "/class/infiniband/" + test_device() + "/" +
-				XSRC_SYSFS_SHM_FILE);
-		std::string path;
-		std::getline(f, path);
-		int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-		void *base = fd >= 0 ? mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-				     : MAP_FAILED;
+		int fd = -1;
+		void *base = map_arena(fd);
 		check(base != MAP_FAILED, "the arena is writable by uid %u", me.uid);
 		if (base != MAP_FAILED) {
 			auto *hdr = static_cast<xsrc_arena_header *>(base);
@@ -437,7 +504,10 @@ void responder(Side &s, const Info &me, const Info &peer, unsigned phase)
 	post_recv(s.rc[0], s, kRecvOff, kBig);
 	post_recv(s.rc[0], s, kRecvOff + kBig, kSmall);
 	post_recv(s.ud, s, kUdOff, 40 + kUd);
+	memset(s.buf + kWinOff, 0x5a, 2 * kWinLen);
+	uint32_t window_rkey = bind_window(s);
 	sync_point(phase);  // ready
+	link_send(window_rkey);
 
 	sync_point(10 + phase);  // the requester is done
 	printf("-- %s <- %s\n", who(me), who(peer));
@@ -455,12 +525,20 @@ void responder(Side &s, const Info &me, const Info &peer, unsigned phase)
 	unsigned long long counter = *reinterpret_cast<uint64_t *>(s.buf + kCounterOff);
 	check(counter == 7, "atomics left 7 in the counter (%llu)", counter);
 	check(same(s.buf + kUdOff + 40, kUd, phase + 5), "UD SEND arrived intact after the GRH");
+	check(same(s.buf + kWinOff, kWinLen, phase + 7), "RDMA WRITE through the window arrived intact");
 
 	sync_point(20 + phase);  // the error cases are done
 	bool untouched = true;
 	for (size_t i = 0; i < kSecretLen; ++i)
 		untouched &= s.secret[i] == 0x5a;
 	check(untouched, "nothing was written to the memory without remote access");
+	untouched = true;
+	for (size_t i = kWinOff + kWinLen; i < kWinOff + 2 * kWinLen; ++i)
+		untouched &= s.buf[i] == 0x5a;
+	check(untouched, "nothing was written past the window");
+	check(same(s.buf + kWinOff, kWinLen, phase + 7), "the window holds what came through its own QP");
+	ibv_dealloc_mw(s.mw);
+	s.mw = nullptr;
 	// Drain the flushes of the error connections.
 	while (ibv_poll_cq(s.cq, 1, &wc) > 0) {
 	}

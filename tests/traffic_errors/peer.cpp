@@ -41,7 +41,7 @@ void put_wcs(Msg &m, const std::vector<ibv_wc> &wcs)
 		m.set("wr_id" + s, wcs[i].wr_id).set("status" + s, static_cast<int>(wcs[i].status));
 		m.set("opcode" + s, static_cast<int>(wcs[i].opcode)).set("len" + s, wcs[i].byte_len);
 		m.set("flags" + s, wcs[i].wc_flags).set("qp_num" + s, wcs[i].qp_num);
-		m.set("src_qp" + s, wcs[i].src_qp);
+		m.set("src_qp" + s, wcs[i].src_qp).set("imm" + s, wcs[i].imm_data);
 	}
 }
 
@@ -88,7 +88,11 @@ public:
 			Msg reply;
 			try {
 				if (cmd == "exit") {
-					std::string errors = v_ ? v_->close() : "";
+					std::string errors;
+					for (ibv_mw *w : mws_)  // before their PDs go
+						if (w && ibv_dealloc_mw(w))
+							errors += "ibv_dealloc_mw ";
+					errors += v_ ? v_->close() : "";
 					v_.reset();
 					reply.set("ok", 1).set("cleanup", errors);
 					link_.send(reply);
@@ -178,6 +182,63 @@ private:
 			if (!rc && (flags & IBV_REREG_MR_CHANGE_TRANSLATION))
 				b->mr_off = m.u64("off");
 			return r.set("rkey", b->rkey()).set("lkey", b->lkey()).set("addr", b->addr());
+		}
+		if (cmd == "mw") {  // ibv_alloc_mw; rc and errno when it is refused
+			errno = 0;
+			ibv_mw *w = ibv_alloc_mw(at(pds_, m.u64("pd", 0), "pd"), static_cast<ibv_mw_type>(m.u64("type")));
+			if (!w)
+				return r.set("rc", -1).set("errno", errno);
+			mws_.push_back(w);
+			return r.set("rc", 0).set("id", mws_.size() - 1).set("rkey", w->rkey);
+		}
+		if (cmd == "bind") {  // a window bound by ibv_bind_mw (type 1) or a BIND_MW work request
+			ibv_mw *w = at(mws_, m.u64("mw"), "mw");
+			ibv_qp *qp = at(qps_, m.u64("qp"), "qp");
+			int64_t mr_id = m.i64("mr", -1);
+			ibv_mw_bind_info info{};
+			if (mr_id >= 0) {
+				Buffer *b = at(mrs_, static_cast<uint64_t>(mr_id), "mr");
+				info.mr = b->mr;
+				info.addr = b->addr() + m.u64("off", 0);
+			}
+			info.length = m.u64("len", 0);
+			info.mw_access_flags = static_cast<unsigned>(m.u64("access", 0));
+			int rc;
+			uint32_t rkey;
+			if (w->type == IBV_MW_TYPE_1) {
+				ibv_mw_bind bind{};
+				bind.wr_id = m.u64("wr_id", 0);
+				bind.send_flags = IBV_SEND_SIGNALED;
+				bind.bind_info = info;
+				rc = ibv_bind_mw(qp, w, &bind);
+				rkey = w->rkey;
+			} else {
+				ibv_send_wr wr{}, *bad = nullptr;
+				wr.wr_id = m.u64("wr_id", 0);
+				wr.opcode = IBV_WR_BIND_MW;
+				wr.send_flags = IBV_SEND_SIGNALED;
+				wr.bind_mw.mw = w;
+				rkey = static_cast<uint32_t>(m.u64("rkey", ibv_inc_rkey(w->rkey)));
+				wr.bind_mw.rkey = rkey;
+				wr.bind_mw.bind_info = info;
+				rc = ibv_post_send(qp, &wr, &bad);
+			}
+			return r.set("rc", rc).set("rkey", rkey);
+		}
+		if (cmd == "local_inv") {
+			ibv_send_wr wr{}, *bad = nullptr;
+			wr.wr_id = m.u64("wr_id", 0);
+			wr.opcode = IBV_WR_LOCAL_INV;
+			wr.send_flags = IBV_SEND_SIGNALED;
+			wr.invalidate_rkey = static_cast<uint32_t>(m.u64("rkey"));
+			return r.set("rc", ibv_post_send(at(qps_, m.u64("qp"), "qp"), &wr, &bad));
+		}
+		if (cmd == "dealloc_mw") {
+			uint64_t id = m.u64("mw");
+			int rc = ibv_dealloc_mw(at(mws_, id, "mw"));
+			if (!rc)
+				mws_[id] = nullptr;
+			return r.set("rc", rc);
 		}
 		if (cmd == "odp_mr") {
 			Buffer *b = v.odp_buffer(m.u64("size"), static_cast<uint32_t>(m.u64("access")),
@@ -455,6 +516,7 @@ private:
 	std::vector<ibv_srq *> srqs_;
 	std::vector<Buffer *> mrs_;
 	std::vector<Verbs::DevMem> dms_;
+	std::vector<ibv_mw *> mws_;  // null once deallocated
 	std::vector<ibv_qp *> qps_;
 };
 

@@ -96,9 +96,10 @@ TEST_F(Rereg, RefusalsChangeNothing)
 	r = rereg(IBV_REREG_MR_CHANGE_ACCESS, 0, 0, IBV_ACCESS_REMOTE_WRITE);
 	EXPECT_EQ(r.i64("rc"), IBV_REREG_MR_ERR_CMD);
 	EXPECT_EQ(r.i64("errno"), EINVAL) << "remote write without local write";
-	r = rereg(IBV_REREG_MR_CHANGE_ACCESS, 0, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	constexpr uint32_t kFlushGlobal = 1 << 8;  // the kernel's IB_UVERBS_ACCESS_FLUSH_GLOBAL (Linux 6.2)
+	r = rereg(IBV_REREG_MR_CHANGE_ACCESS, 0, 0, IBV_ACCESS_LOCAL_WRITE | kFlushGlobal);
 	EXPECT_EQ(r.i64("rc"), IBV_REREG_MR_ERR_CMD);
-	EXPECT_EQ(r.i64("errno"), EOPNOTSUPP) << "memory-window access (no windows here)";
+	EXPECT_EQ(r.i64("errno"), EOPNOTSUPP) << "flush access (no FLUSH here)";
 	// Far past the peer's mappings (beyond the user address space).
 	r = rereg(IBV_REREG_MR_CHANGE_TRANSLATION, size_t{1} << 47, kPage);
 	EXPECT_NE(r.i64("rc"), 0);

@@ -129,6 +129,7 @@ protected:
 			out[i].wc_flags = static_cast<unsigned>(r.u64("flags" + s));
 			out[i].qp_num = static_cast<uint32_t>(r.u64("qp_num" + s));
 			out[i].src_qp = static_cast<uint32_t>(r.u64("src_qp" + s));
+			out[i].imm_data = static_cast<uint32_t>(r.u64("imm" + s));
 		}
 		return out;
 	}

@@ -97,6 +97,22 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_copy_resp, status, 0, 4),
 	XSRC_PIN_FIELD(xsrc_copy_resp, reserved, 4, 4),
 	XSRC_PIN_FIELD(xsrc_copy_resp, bytes, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_bind_mw, 40, 8),  // r4
+	XSRC_PIN_FIELD(xsrc_bind_mw, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, qp_handle, 4, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, mw_handle, 8, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, mr_handle, 12, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, rkey, 16, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, access, 20, 4),
+	XSRC_PIN_FIELD(xsrc_bind_mw, addr, 24, 8),
+	XSRC_PIN_FIELD(xsrc_bind_mw, length, 32, 8),
+	XSRC_PIN_STRUCT(xsrc_invalidate, 24, 4),  // r4
+	XSRC_PIN_FIELD(xsrc_invalidate, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_invalidate, kind, 4, 4),
+	XSRC_PIN_FIELD(xsrc_invalidate, qp_handle, 8, 4),
+	XSRC_PIN_FIELD(xsrc_invalidate, rkey, 12, 4),
+	XSRC_PIN_FIELD(xsrc_invalidate, peer_qpn, 16, 4),
+	XSRC_PIN_FIELD(xsrc_invalidate, reserved, 20, 4),
 	// xsrc-queues.h
 	XSRC_PIN_STRUCT(xsrc_arena_header, 72, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, magic, 0, 8),
@@ -152,7 +168,8 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_mr_entry, addr, 16, 8),
 	XSRC_PIN_FIELD(xsrc_mr_entry, length, 24, 8),
 	XSRC_PIN_FIELD(xsrc_mr_entry, iova, 32, 8),
-	XSRC_PIN_FIELD(xsrc_mr_entry, reserved, 40, 8),
+	XSRC_PIN_FIELD(xsrc_mr_entry, mw_type, 40, 4),    // r4, was reserved
+	XSRC_PIN_FIELD(xsrc_mr_entry, bound_qpn, 44, 4),  // r4, was reserved
 	XSRC_PIN_STRUCT(xsrc_srq_entry, 48, 8),
 	XSRC_PIN_FIELD(xsrc_srq_entry, srqn, 0, 4),
 	XSRC_PIN_FIELD(xsrc_srq_entry, owner_pid, 4, 4),
