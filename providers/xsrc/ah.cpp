@@ -37,7 +37,7 @@ ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 
 int xsrc_destroy_ah(ibv_ah *ah)
 {
-	if (int err = ibv_cmd_destroy_ah(ah)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(ah->context), ibv_cmd_destroy_ah(ah))) {
 		verbs_err(&to_xsrc_ctx(ah->context)->ibv_ctx, "destroy_ah: the device refused: %s\n", strerror(err));
 		return err;
 	}

@@ -300,7 +300,7 @@ ibv_cq_ex *xsrc_create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *attr)
 
 int xsrc_destroy_cq(ibv_cq *cq)
 {
-	if (int err = ibv_cmd_destroy_cq(cq)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(cq->context), ibv_cmd_destroy_cq(cq))) {
 		verbs_err(&to_xsrc_ctx(cq->context)->ibv_ctx, "destroy_cq: the device refused: %s\n", strerror(err));
 		return err;
 	}

@@ -64,7 +64,7 @@ ibv_mw *xsrc_mw_alloc(ibv_pd *pd, enum ibv_mw_type type)
 
 int xsrc_mw_dealloc(ibv_mw *mw)
 {
-	if (int err = ibv_cmd_dealloc_mw(mw)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(mw->context), ibv_cmd_dealloc_mw(mw))) {
 		verbs_err(&to_xsrc_ctx(mw->context)->ibv_ctx, "dealloc_mw: the device refused: %s\n", strerror(err));
 		return err;
 	}

@@ -245,6 +245,7 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	if (qp->parent_domain && qp->parent_domain->td)
 		qp->rq_lock.waive();
 	xsrc_parent_domain_hold(qp->parent_domain);
+	xsrc_context_add_qp(ctx, qp);
 	return &qp->vqp.qp;
 }
 
@@ -394,11 +395,13 @@ int xsrc_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr
 int xsrc_destroy_qp(ibv_qp *ibqp)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	xsrc_progress_forget(to_xsrc_ctx(ibqp->context), qp);
-	if (int err = ibv_cmd_destroy_qp(ibqp)) {
+	xsrc_context *ctx = to_xsrc_ctx(ibqp->context);
+	xsrc_progress_forget(ctx, qp);
+	if (int err = xsrc_destroy_status(ctx, ibv_cmd_destroy_qp(ibqp))) {
 		verbs_err(qp_vctx(qp), "destroy_qp: the device refused QP %u: %s\n", qp->qpn.value(), strerror(err));
 		return err;
 	}
+	xsrc_context_remove_qp(ctx, qp);
 	xsrc_parent_domain_release(qp->parent_domain);
 	delete qp;
 	return 0;
@@ -409,6 +412,10 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 int xsrc_post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
+	if (xsrc_device_gone(to_xsrc_ctx(ibqp->context))) {
+		*bad_wr = wr;
+		return EIO;  // as uverbs after a disassociation
+	}
 	std::lock_guard guard(qp->sq_lock);
 	for (; wr; wr = wr->next) {
 		if (int err = qp_wqe_from_wr(qp, wr, qp->sq.next())) {
@@ -424,6 +431,10 @@ int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	xsrc_context *ctx = to_xsrc_ctx(ibqp->context);
+	if (xsrc_device_gone(ctx)) {
+		*bad_wr = wr;
+		return EIO;
+	}
 	std::lock_guard guard(qp->rq_lock);
 	for (; wr; wr = wr->next) {
 		ibv_qp_state state = xsrc::qp_state_load(*qp->entry);

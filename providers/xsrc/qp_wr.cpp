@@ -169,7 +169,7 @@ void qp_wr_start(ibv_qp_ex *ibqp)
 int qp_wr_complete(ibv_qp_ex *ibqp)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
-	int err = qp->staged_error;
+	int err = xsrc_device_gone(to_xsrc_ctx(ibqp->qp_base.context)) ? EIO : qp->staged_error;
 	for (size_t i = 0; !err && i < qp->staged_count; ++i) {
 		err = xsrc_qp_validate_wqe(qp, qp->staged[i]);
 		if (!err && qp->sq.size() + i >= qp->max_send_wr) {

@@ -133,7 +133,7 @@ int xsrc_query_srq(ibv_srq *srq, ibv_srq_attr *attr)
 
 int xsrc_destroy_srq(ibv_srq *ibsrq)
 {
-	if (int err = ibv_cmd_destroy_srq(ibsrq)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(ibsrq->context), ibv_cmd_destroy_srq(ibsrq))) {
 		verbs_err(srq_vctx(ibsrq), "destroy_srq: the device refused SRQ %u: %s\n",
 			  to_xsrc_srq(ibsrq)->srqn.value(), strerror(err));
 		return err;
@@ -152,6 +152,10 @@ int xsrc_get_srq_num(ibv_srq *srq, uint32_t *srq_num)
 int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 {
 	xsrc_srq *srq = to_xsrc_srq(ibsrq);
+	if (xsrc_device_gone(to_xsrc_ctx(ibsrq->context))) {
+		*bad_wr = wr;
+		return EIO;
+	}
 	std::lock_guard guard(srq->post_lock);
 	for (; wr; wr = wr->next) {
 		if (wr->num_sge < 0 || static_cast<uint32_t>(wr->num_sge) > srq->max_sge) {

@@ -101,7 +101,7 @@ int xsrc_dealloc_pd(ibv_pd *pd)
 			  n - 1);
 		return EBUSY;
 	}
-	if (int err = ibv_cmd_dealloc_pd(pd)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(pd->context), ibv_cmd_dealloc_pd(pd))) {
 		verbs_err(&to_xsrc_ctx(pd->context)->ibv_ctx, "dealloc_pd: the device refused: %s\n",
 			  strerror(err));
 		return err;
@@ -194,7 +194,7 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 		delete vmr;
 		return 0;
 	}
-	if (int err = ibv_cmd_dereg_mr(vmr)) {
+	if (int err = xsrc_destroy_status(ctx, ibv_cmd_dereg_mr(vmr))) {
 		verbs_err(&ctx->ibv_ctx, "dereg_mr: the device refused lkey 0x%x: %s\n", mr.lkey, strerror(err));
 		return err;
 	}

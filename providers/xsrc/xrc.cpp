@@ -44,6 +44,7 @@ ibv_qp *xrc_open_qp(ibv_context *ibctx, ibv_qp_open_attr *attr)
 		errno = err;
 		return nullptr;
 	}
+	xsrc_context_add_qp(ctx, qp);
 	return &qp->vqp.qp;
 }
 
@@ -74,7 +75,7 @@ ibv_xrcd *xsrc_open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr)
 int xsrc_close_xrcd(ibv_xrcd *ibxrcd)
 {
 	auto *xrcd = reinterpret_cast<verbs_xrcd *>(ibxrcd);
-	if (int err = ibv_cmd_close_xrcd(xrcd)) {
+	if (int err = xsrc_destroy_status(to_xsrc_ctx(ibxrcd->context), ibv_cmd_close_xrcd(xrcd))) {
 		verbs_err(&to_xsrc_ctx(ibxrcd->context)->ibv_ctx, "close_xrcd: the device refused: %s\n", strerror(err));
 		return err;
 	}

@@ -5,6 +5,7 @@
 #include "progress.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -64,6 +65,32 @@ xsrc_fd_pair pipe_fd_pair(const pipe_fds &pipe)
 		static_cast<uint32_t>(pipe.wr.get())};
 }
 
+ino_t pipe_inode(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) ? st.st_ino : 0;
+}
+
+// Remembers a read end registered with the daemon.
+void channel_pool_add(xsrc_comp_channels &channels, int fd)
+{
+	channels.pipes.push_back(pipe_inode(fd));
+	channels.read_fds.push_back(fd);
+}
+
+// The daemon is gone, and with it the count of pipes it handed out. A
+// channel the application made is destroyed before its context (libibverbs
+// needs the context for that), so a registered fd that still holds the pipe
+// we registered on it is one never handed out: ours to close.
+void channel_pool_drain_dead(xsrc_comp_channels &channels)
+{
+	for (size_t i = 0; i < channels.read_fds.size(); ++i)
+		if (channels.pipes[i] && pipe_inode(channels.read_fds[i]) == channels.pipes[i])
+			close(channels.read_fds[i]);
+	channels.read_fds.clear();
+	channels.pipes.clear();
+}
+
 // Closes the registered read ends the daemon never handed out.
 void channel_pool_drain(xsrc_context *ctx)
 {
@@ -72,17 +99,26 @@ void channel_pool_drain(xsrc_context *ctx)
 	uint32_t free_count;
 
 	// Without the daemon's count ours and the application's are
-	// indistinguishable: leak rather than close someone else's fd.
-	if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd,
-			     {XSRC_NO_FD, XSRC_NO_FD}, free_count))
+	// indistinguishable: leak rather than close someone else's fd, unless
+	// the daemon is gone (then the pipes tell).
+	if (int err = channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, {XSRC_NO_FD, XSRC_NO_FD}, free_count)) {
+		if (err == ENOTCONN || err == ECONNABORTED || xsrc_device_gone(ctx))
+			channel_pool_drain_dead(ctx->channels);
 		return;
+	}
 	size_t unused = std::min<size_t>(free_count, fds.size());
 	for (size_t i = fds.size() - unused; i < fds.size(); ++i)
 		close(fds[i]);
 	fds.resize(fds.size() - unused);
+	ctx->channels.pipes.resize(fds.size());
 }
 
 } // namespace
+
+int xsrc_channel_pool_query(int cmd_fd, uint32_t &free_count)
+{
+	return channel_pool_cmd(cmd_fd, {XSRC_NO_FD, XSRC_NO_FD}, free_count);
+}
 
 void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now)
 {
@@ -98,14 +134,16 @@ void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now)
 		if (xsrc_make_pipe(pipe))
 			return;
 		try {
-			fds.reserve(fds.size() + 1); // so push_back cannot fail
+			// so push_back cannot fail
+			fds.reserve(fds.size() + 1);
+			ctx->channels.pipes.reserve(fds.size() + 1);
 		} catch (const std::bad_alloc &) {
 			return;
 		}
 		if (channel_pool_cmd(ctx->ibv_ctx.context.cmd_fd, pipe_fd_pair(pipe),
 				     free_count))
 			return;
-		fds.push_back(pipe.rd.release()); // the daemon took the write end
+		channel_pool_add(ctx->channels, pipe.rd.release()); // the daemon took the write end
 		if (free_count >= XSRC_CHANNEL_POOL_TARGET)
 			return;
 	}
@@ -184,6 +222,10 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->odp_mrs);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
+	std::construct_at(&ctx->qps_lock);
+	std::construct_at(&ctx->async_wr);
+	std::construct_at(&ctx->device_dead, false);
+	std::construct_at(&ctx->death_watch);
 }
 
 // Undoes the allocation by libibverbs and the in-place construction.
@@ -192,7 +234,8 @@ struct context_deleter {
 	{
 		int saved = errno;
 
-		// The progress thread may still write to cmd_fd: stop it first.
+		// The watch and progress threads use cmd_fd: stop them first.
+		std::destroy_at(&ctx->death_watch);
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->odp_mrs);
@@ -202,6 +245,9 @@ struct context_deleter {
 		std::destroy_at(&ctx->denied);
 		std::destroy_at(&ctx->arena);
 		std::destroy_at(&ctx->channels);
+		std::destroy_at(&ctx->device_dead);
+		std::destroy_at(&ctx->async_wr);
+		std::destroy_at(&ctx->qps_lock);
 		verbs_uninit_context(&ctx->ibv_ctx); // closes cmd_fd, async_fd
 		free(ctx);
 		errno = saved;
@@ -250,6 +296,7 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	}
 	try {
 		ctx->channels.read_fds.reserve(channel_pipes.size());
+		ctx->channels.pipes.reserve(channel_pipes.size());
 	} catch (const std::bad_alloc &) {
 		verbs_err(vctx, "no memory for %zu channel fds\n", channel_pipes.size());
 		return ENOMEM;
@@ -275,9 +322,13 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 		return EPROTO;
 	}
 	async_pipe.rd.release();
-	// Our write ends close on return; the daemon has its own copies.
+	// The async pipe's write end stays ours too: when the daemon dies its
+	// readers get DEVICE_FATAL from us, not an end of file. The channel
+	// pipes' write ends close on return; the daemon has its own copies, and
+	// their closing with it is what wakes a CQ event sleeper then.
+	ctx->async_wr = std::move(async_pipe.wr);
 	for (pipe_fds &pipe : channel_pipes)
-		ctx->channels.read_fds.push_back(pipe.rd.release());
+		channel_pool_add(ctx->channels, pipe.rd.release());
 	ctx->max_inline_data = resp.driver().max_inline_data;
 	ctx->pid = getpid();
 	ctx->direct = true;  // an r1 device: same PID namespace, as always
@@ -313,6 +364,10 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	ctx->port_mtu_bytes = kMtuUnitBytes << port.active_mtu;
 	ctx->transport = &xsrc_shm_transport;
 
+	if ((err = xsrc_death_watch_start(ctx.get()))) {
+		verbs_err(vctx, "cannot start the device watch thread: %s\n", strerror(err));
+		return err;
+	}
 	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
 	*out = ctx.release();
 	return 0;

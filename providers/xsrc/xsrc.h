@@ -55,10 +55,16 @@ struct xsrc_device {
 struct xsrc_comp_channels {
 	std::mutex lock;
 	std::vector<int> read_fds; // registration order
+	std::vector<ino_t> pipes;  // each one's pipe: which fds are still ours once the daemon is gone
 };
 
 namespace xsrc {
 class Progress;
+class DeathWatch;
+// Stops and joins the watch thread (device_death.cpp).
+struct DeathWatchDeleter {
+	void operator()(DeathWatch *watch) const noexcept;
+};
 }
 
 // The memory of this context that may be written on its behalf: its MRs
@@ -121,6 +127,11 @@ struct xsrc_context {
 	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast
 	std::mutex progress_lock;
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
+	std::mutex qps_lock;
+	struct xsrc_qp *qps;         // our QPs (xsrc_qp::ctx_next): what a device death fails
+	xsrc::unique_fd async_wr;    // our own write end of the async pipe (DEVICE_FATAL)
+	std::atomic<bool> device_dead; // xsrcd died: posts fail with EIO (device_death.cpp)
+	std::unique_ptr<xsrc::DeathWatch, xsrc::DeathWatchDeleter> death_watch;
 };
 
 // Completions of a QP reset after they were written: positions below `until`.
@@ -266,6 +277,9 @@ struct xsrc_qp {
 	xsrc_send_wqe *wr_current = nullptr; // what wr_set_* fill
 	int staged_error = 0;
 
+	// On the context's list (under its qps_lock) from creation until destroyed.
+	xsrc_qp *ctx_prev = nullptr, *ctx_next = nullptr;
+
 	// Owned by xsrc::Progress under its lock: no allocation to schedule.
 	struct {
 		xsrc_qp *next = nullptr;
@@ -329,6 +343,26 @@ inline xsrc_ah *to_xsrc_ah(ibv_ah *ah)
 void xsrc_channel_pool_refill(xsrc_context *ctx, uint32_t free_now);
 
 void xsrc_free_context(ibv_context *ibctx);  // xsrc.cpp
+// XSRC_CMD_CHANNEL_POOL without registering: how many pooled pipes are
+// unused. Also the cheapest question to ask whether the daemon is there.
+int xsrc_channel_pool_query(int cmd_fd, uint32_t &free_count);
+
+// device_death.cpp: when xsrcd dies, as uverbs after a disassociation, each
+// context's QPs go to error and flush, IBV_EVENT_DEVICE_FATAL reaches its
+// async fd, and posts fail with EIO; CQ event sleepers wake as their channel
+// pipes (whose write ends only the daemon held) close.
+void xsrc_context_add_qp(xsrc_context *ctx, xsrc_qp *qp) noexcept;
+void xsrc_context_remove_qp(xsrc_context *ctx, xsrc_qp *qp) noexcept;
+int xsrc_death_watch_start(xsrc_context *ctx) noexcept;  // 0 or errno
+void xsrc_device_died(xsrc_context *ctx) noexcept;
+// What a destroy verb returns for `err` from its command: EIO when the device
+// is gone (0 under RDMAV_ALLOW_DISASSOC_DESTROY: the caller then frees).
+int xsrc_destroy_status(xsrc_context *ctx, int err) noexcept;
+
+inline bool xsrc_device_gone(const xsrc_context *ctx) noexcept
+{
+	return ctx->device_dead.load(std::memory_order_relaxed);
+}
 extern const verbs_context_ops xsrc_ctx_ops; // verbs.cpp
 
 // cq.cpp

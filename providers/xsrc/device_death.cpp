@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// The device's death: xsrcd gone (killed, crashed) while contexts are open.
+// uverbs promises a disassociated context IBV_EVENT_DEVICE_FATAL, QPs in
+// error with their work flushed, EIO from later posts and destroys, and no
+// hang; this file keeps those promises for xsrc.
+//
+// A watch thread per context poll()s the command file for POLLPRI, which it
+// never has: the kernel's FUSE poll waits until the connection aborts, which
+// is what the daemon's death does, and then reports POLLERR.
+#include "xsrc.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+
+#include <cstdlib>
+
+#include "queues.h"
+
+namespace xsrc {
+
+class DeathWatch {
+public:
+	explicit DeathWatch(xsrc_context *ctx) : ctx_(ctx) {}
+	~DeathWatch();
+	int start() noexcept;
+
+private:
+	static void *thread_main(void *self) noexcept;
+	void run() noexcept;
+	bool daemon_gone() const noexcept;
+
+	xsrc_context *ctx_;
+	unique_fd stop_;
+	pthread_t thread_{};
+	bool started_ = false;
+};
+
+DeathWatch::~DeathWatch()
+{
+	if (!started_)
+		return;
+	uint64_t one = 1;
+	if (write(stop_.get(), &one, sizeof(one)) != sizeof(one)) {
+		// An eventfd takes one write below its limit: cannot fail here.
+	}
+	pthread_join(thread_, nullptr);
+}
+
+int DeathWatch::start() noexcept
+{
+	stop_.reset(eventfd(0, EFD_CLOEXEC));
+	if (!stop_)
+		return errno;
+	// The application's signal handlers are not for us.
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(&thread_, nullptr, thread_main, this);
+	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	started_ = err == 0;
+	return err;
+}
+
+void *DeathWatch::thread_main(void *self) noexcept
+{
+	static_cast<DeathWatch *>(self)->run();
+	return nullptr;
+}
+
+// A command the daemon would answer fails with ENOTCONN once it is gone.
+bool DeathWatch::daemon_gone() const noexcept
+{
+	uint32_t free_count;
+	int err = xsrc_channel_pool_query(ctx_->ibv_ctx.context.cmd_fd, free_count);
+	return err == ENOTCONN || err == ECONNABORTED;
+}
+
+void DeathWatch::run() noexcept
+{
+	for (;;) {
+		pollfd fds[2] = {{ctx_->ibv_ctx.context.cmd_fd, POLLPRI, 0}, {stop_.get(), POLLIN, 0}};
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			verbs_err(&ctx_->ibv_ctx, "device watch: poll failed, not watching: %s\n", strerror(errno));
+			return;
+		}
+		if (fds[1].revents)
+			return;
+		if (fds[0].revents & (POLLERR | POLLHUP) && daemon_gone()) {
+			xsrc_device_died(ctx_);
+			return;
+		}
+		// The daemon answered after all (or reported POLLPRI, which no xsrcd
+		// does): ask again a little later rather than spin.
+		pollfd stop = {stop_.get(), POLLIN, 0};
+		if (poll(&stop, 1, 100) > 0)
+			return;
+	}
+}
+
+void DeathWatchDeleter::operator()(DeathWatch *watch) const noexcept
+{
+	delete watch;
+}
+
+}  // namespace xsrc
+
+void xsrc_context_add_qp(xsrc_context *ctx, xsrc_qp *qp) noexcept
+{
+	std::lock_guard guard(ctx->qps_lock);
+	qp->ctx_prev = nullptr;
+	qp->ctx_next = ctx->qps;
+	if (ctx->qps)
+		ctx->qps->ctx_prev = qp;
+	ctx->qps = qp;
+	// Made while the device died: it fails with the rest.
+	if (xsrc_device_gone(ctx))
+		xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
+}
+
+void xsrc_context_remove_qp(xsrc_context *ctx, xsrc_qp *qp) noexcept
+{
+	std::lock_guard guard(ctx->qps_lock);
+	if (qp->ctx_prev)
+		qp->ctx_prev->ctx_next = qp->ctx_next;
+	else if (ctx->qps == qp)
+		ctx->qps = qp->ctx_next;
+	if (qp->ctx_next)
+		qp->ctx_next->ctx_prev = qp->ctx_prev;
+	qp->ctx_prev = qp->ctx_next = nullptr;
+}
+
+int xsrc_death_watch_start(xsrc_context *ctx) noexcept
+{
+	std::unique_ptr<xsrc::DeathWatch, xsrc::DeathWatchDeleter> watch(new (std::nothrow) xsrc::DeathWatch(ctx));
+	if (!watch)
+		return ENOMEM;
+	if (int err = watch->start())
+		return err;
+	ctx->death_watch = std::move(watch);
+	return 0;
+}
+
+void xsrc_device_died(xsrc_context *ctx) noexcept
+{
+	if (ctx->device_dead.exchange(true))
+		return;
+	verbs_err(&ctx->ibv_ctx, "the device is gone (xsrcd died): its QPs go to error, DEVICE_FATAL follows\n");
+	{
+		std::lock_guard guard(ctx->qps_lock);
+		for (xsrc_qp *qp = ctx->qps; qp; qp = qp->ctx_next) {
+			// The state first: a poller that sees a flush finds the QP in ERR.
+			xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
+			std::lock_guard sq(qp->sq_lock);
+			xsrc_requester_flush(qp);
+		}
+	}
+	// The daemon held the other write end and is gone: ours alone decides
+	// whether a full pipe blocks, and it must not.
+	ib_uverbs_async_event_desc ev{};
+	ev.event_type = IBV_EVENT_DEVICE_FATAL;
+	int fd = ctx->async_wr.get();
+	if (fd < 0 || fcntl(fd, F_SETFL, O_NONBLOCK) < 0 || write(fd, &ev, sizeof(ev)) != sizeof(ev))
+		verbs_err(&ctx->ibv_ctx, "cannot queue IBV_EVENT_DEVICE_FATAL: %s\n",
+			  fd < 0 ? "no async pipe" : strerror(errno));
+}
+
+int xsrc_destroy_status(xsrc_context *ctx, int err) noexcept
+{
+	if (!err)
+		return 0;
+	if (err == ENOTCONN || err == ECONNABORTED || xsrc_device_gone(ctx))
+		err = EIO;
+	// libibverbs' own rule for a disassociated device (ibv_destroy_qp(3)).
+	if (err == EIO && getenv("RDMAV_ALLOW_DISASSOC_DESTROY"))
+		return 0;
+	return err;
+}
