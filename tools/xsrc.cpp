@@ -1,12 +1,16 @@
 // xsrc: bring xsrc devices up and down, print their environment, run programs
 // that expect them under /sys/class. Plays the part of `rdma link add`.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -20,6 +24,7 @@
 #include "mounts.h"
 #include "run_namespace.h"
 #include "xsrc-abi.h"
+#include "xsrc-queues.h"
 
 namespace xsrc::cli {
 namespace {
@@ -190,6 +195,41 @@ bool daemon_answers(const RunDir &run)
 	return control_request(run.socket(), "status").has_value();
 }
 
+// The first line of a small file, "" when it cannot be read.
+std::string first_line(const fs::path &path)
+{
+	std::ifstream in(path);
+	std::string line;
+	std::getline(in, line);
+	return line;
+}
+
+// The devices' arenas and /dev/infiniband nodes a dead daemon left, as its
+// sysfs view names them (so only its own: another daemon's view is
+// elsewhere). Peers that still map an arena keep their copy.
+void remove_stale_device_files(const RunDir &run)
+{
+	std::error_code ec;
+	for (const auto &dev : fs::directory_iterator(run.sysfs() / "class" / "infiniband", ec)) {
+		fs::path arena = first_line(dev.path() / XSRC_SYSFS_SHM_FILE);
+		if (arena.is_absolute() && arena.filename().string().starts_with("xsrc-") && fs::remove(arena, ec))
+			std::cerr << "xsrc: removed the stale arena " << arena.string() << "\n";
+	}
+	for (const auto &uv : fs::directory_iterator(run.sysfs() / "class" / "infiniband_verbs", ec)) {
+		const std::string name = uv.path().filename().string();
+		const std::string devnum = first_line(uv.path() / "dev");
+		unsigned major = 0, minor = 0;
+		if (!name.starts_with("uverbs") || std::sscanf(devnum.c_str(), "%u:%u", &major, &minor) != 2)
+			continue;
+		// Only a node of the number the view announced: never a real HCA's.
+		const fs::path node = fs::path("/dev/infiniband") / name;
+		struct stat st;
+		if (::lstat(node.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(major, minor) &&
+		    ::unlink(node.c_str()) == 0)
+			std::cerr << "xsrc: removed the stale device node " << node.string() << "\n";
+	}
+}
+
 // What a daemon that died uncleanly leaves behind. Returns false when that
 // included a FUSE mount (a crash: the caller keeps the log).
 bool clean_up_after_daemon(const RunDir &run)
@@ -198,6 +238,7 @@ bool clean_up_after_daemon(const RunDir &run)
 	if (stale_mounts)
 		std::cerr << "xsrc: xsrcd left its FUSE mount at " << run.fuse_mount().string()
 			  << " behind; unmounted it\n";
+	remove_stale_device_files(run);
 	std::error_code ec;
 	fs::remove(run.socket(), ec);
 	fs::remove(run.pid_file(), ec);
