@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+#include "side.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+namespace xsrc::fault {
+
+const char *op_name(Op op)
+{
+	switch (op) {
+	case Op::send: return "send";
+	case Op::write: return "write";
+	case Op::read: return "read";
+	case Op::fetch_add: return "fetch_add";
+	case Op::cmp_swap: return "cmp_swap";
+	default: return "?";
+	}
+}
+
+bool Side::open(bool with_channel)
+{
+	int n = 0;
+	ibv_device **list = ibv_get_device_list(&n);
+	for (int i = 0; list && i < n && !ctx; ++i)
+		if (std::strcmp(ibv_get_device_name(list[i]), "xsrc0") == 0)
+			ctx = ibv_open_device(list[i]);
+	if (list)
+		ibv_free_device_list(list);
+	if (!ctx) {
+		std::fprintf(stderr, "cannot open xsrc0: %s\n", std::strerror(errno));
+		return false;
+	}
+	if (with_channel && !(channel = ibv_create_comp_channel(ctx)))
+		return false;
+	pd = ibv_alloc_pd(ctx);
+	send_cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
+	recv_cq = send_cq ? ibv_create_cq(ctx, 64, nullptr, channel, 0) : nullptr;
+	mr = recv_cq ? ibv_reg_mr(pd, buf.data(), kBufBytes,
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					  IBV_ACCESS_REMOTE_ATOMIC)
+		     : nullptr;
+	if (!mr) {
+		std::fprintf(stderr, "cannot make the PD, CQs or MR: %s\n", std::strerror(errno));
+		return false;
+	}
+	ibv_qp_init_attr attr{};
+	attr.send_cq = send_cq;
+	attr.recv_cq = recv_cq;
+	attr.qp_type = IBV_QPT_RC;
+	attr.cap = {32, kRecvs + 1, 1, 1, 0};
+	if (!(qp = ibv_create_qp(pd, &attr))) {
+		std::fprintf(stderr, "cannot make the QP: %s\n", std::strerror(errno));
+		return false;
+	}
+	return true;
+}
+
+Info Side::info() const
+{
+	Info i;
+	i.qpn = qp->qp_num;
+	ibv_query_gid(ctx, 1, 1, &i.gid);
+	i.addr = reinterpret_cast<uintptr_t>(buf.data());
+	i.rkey = mr->rkey;
+	return i;
+}
+
+bool Side::connect(const Info &peer)
+{
+	harness::QpConnectAttrs a;
+	a.timeout = 8;  // 1 ms a try
+	a.retry_cnt = 3;
+	if (harness::QpStep step = harness::qp_connect(qp, {peer.qpn, peer.gid}, a)) {
+		std::fprintf(stderr, "connect: %s\n", step.text().c_str());
+		return false;
+	}
+	return true;
+}
+
+int Side::post_recv(uint64_t wr_id)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()) + 2048, 1024, mr->lkey};
+	ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+int Side::post_op(Op op, const Info &peer, uint64_t wr_id, bool signaled)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()) + 64, 64, mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+	wr.wr.rdma.remote_addr = peer.addr + 64;
+	wr.wr.rdma.rkey = peer.rkey;
+	switch (op) {
+	case Op::send: wr.opcode = IBV_WR_SEND; break;
+	case Op::write: wr.opcode = IBV_WR_RDMA_WRITE; break;
+	case Op::read: wr.opcode = IBV_WR_RDMA_READ; break;
+	case Op::fetch_add:
+	case Op::cmp_swap:
+		sge.length = 8;
+		wr.opcode = op == Op::fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
+		wr.wr.atomic.remote_addr = peer.addr;
+		wr.wr.atomic.rkey = peer.rkey;
+		wr.wr.atomic.compare_add = 1;
+		wr.wr.atomic.swap = wr_id;
+		break;
+	default: return EINVAL;
+	}
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+int Side::teardown()
+{
+	int first = 0;
+	auto note = [&](int err) {
+		if (err && !first)
+			first = err;
+	};
+	if (qp)
+		note(ibv_destroy_qp(qp));
+	if (mr)
+		note(ibv_dereg_mr(mr));
+	if (recv_cq)
+		note(ibv_destroy_cq(recv_cq));
+	if (send_cq)
+		note(ibv_destroy_cq(send_cq));
+	if (pd)
+		note(ibv_dealloc_pd(pd));
+	if (channel)
+		note(ibv_destroy_comp_channel(channel));
+	if (ctx)
+		note(ibv_close_device(ctx));
+	qp = nullptr, mr = nullptr, recv_cq = send_cq = nullptr, pd = nullptr, channel = nullptr, ctx = nullptr;
+	return first;
+}
+
+int open_fd_count()
+{
+	int n = 0;
+	if (DIR *d = opendir("/proc/self/fd")) {
+		while (dirent *e = readdir(d))
+			n += e->d_name[0] != '.';
+		closedir(d);
+		--n;  // the directory's own fd
+	}
+	return n;
+}
+
+int wait_async_event(ibv_context *ctx, ms timeout)
+{
+	int flags = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK);
+	pollfd p{ctx->async_fd, POLLIN, 0};
+	int type = -1;
+	ibv_async_event ev;
+	if (poll(&p, 1, static_cast<int>(timeout.count())) == 1 && ibv_get_async_event(ctx, &ev) == 0) {
+		type = ev.event_type;
+		ibv_ack_async_event(&ev);
+	}
+	fcntl(ctx->async_fd, F_SETFL, flags);
+	return type;
+}
+
+bool poll_one(ibv_cq *cq, ibv_wc &wc, ms timeout)
+{
+	auto until = Clock::now() + timeout;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n > 0)
+			return true;
+		if (n < 0 || Clock::now() >= until)
+			return false;
+		std::this_thread::yield();
+	}
+}
+
+}  // namespace xsrc::fault
