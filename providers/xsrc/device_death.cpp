@@ -4,13 +4,18 @@
 // error with their work flushed, EIO from later posts and destroys, and no
 // hang; this file keeps those promises for xsrc.
 //
-// A watch thread per context poll()s the command file for POLLPRI, which it
-// never has: the kernel's FUSE poll waits until the connection aborts, which
-// is what the daemon's death does, and then reports POLLERR.
+// A watch thread per context waits in epoll for the command file's POLLPRI,
+// which it never has: the kernel's FUSE poll waits until the connection
+// aborts, which is what the daemon's death does, and then reports POLLERR.
+// epoll, not poll: a poll()ing thread holds a reference to the file, and
+// the daemon would not see the context's release if the application closed
+// cmd_fd under us (a crash-like exit of one process whose child holds it).
 #include "xsrc.h"
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -20,6 +25,19 @@
 #include "queues.h"
 
 namespace xsrc {
+namespace {
+
+// The inode behind `fd`, 0 when there is none. From the kernel's cache
+// (AT_STATX_DONT_SYNC): a FUSE getattr of a dead daemon's file fails.
+ino_t file_inode(int fd)
+{
+	struct statx stx {};
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &stx) < 0 || !(stx.stx_mask & STATX_INO))
+		return 0;
+	return stx.stx_ino;
+}
+
+}  // namespace
 
 class DeathWatch {
 public:
@@ -34,6 +52,8 @@ private:
 
 	xsrc_context *ctx_;
 	unique_fd stop_;
+	unique_fd epoll_;
+	ino_t cmd_ino_ = 0;  // the command file: cmd_fd's number may name another file later
 	pthread_t thread_{};
 	bool started_ = false;
 };
@@ -52,7 +72,16 @@ DeathWatch::~DeathWatch()
 int DeathWatch::start() noexcept
 {
 	stop_.reset(eventfd(0, EFD_CLOEXEC));
-	if (!stop_)
+	epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
+	if (!stop_ || !epoll_)
+		return errno;
+	const int cmd_fd = ctx_->ibv_ctx.context.cmd_fd;
+	if (!(cmd_ino_ = file_inode(cmd_fd)))
+		return EBADF;
+	epoll_event stop{EPOLLIN, {.u32 = 0}};
+	epoll_event cmd{EPOLLPRI, {.u32 = 1}};
+	if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stop_.get(), &stop) < 0 ||
+	    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, cmd_fd, &cmd) < 0)
 		return errno;
 	// The application's signal handlers are not for us.
 	sigset_t all, old;
@@ -71,26 +100,31 @@ void *DeathWatch::thread_main(void *self) noexcept
 }
 
 // A command the daemon would answer fails with ENOTCONN once it is gone.
+// Asked only while cmd_fd still names our command file.
 bool DeathWatch::daemon_gone() const noexcept
 {
+	const int cmd_fd = ctx_->ibv_ctx.context.cmd_fd;
+	if (file_inode(cmd_fd) != cmd_ino_)
+		return false;
 	uint32_t free_count;
-	int err = xsrc_channel_pool_query(ctx_->ibv_ctx.context.cmd_fd, free_count);
+	int err = xsrc_channel_pool_query(cmd_fd, free_count);
 	return err == ENOTCONN || err == ECONNABORTED;
 }
 
 void DeathWatch::run() noexcept
 {
 	for (;;) {
-		pollfd fds[2] = {{ctx_->ibv_ctx.context.cmd_fd, POLLPRI, 0}, {stop_.get(), POLLIN, 0}};
-		if (poll(fds, 2, -1) < 0) {
+		epoll_event ev{};
+		int n = epoll_wait(epoll_.get(), &ev, 1, -1);
+		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			verbs_err(&ctx_->ibv_ctx, "device watch: poll failed, not watching: %s\n", strerror(errno));
+			verbs_err(&ctx_->ibv_ctx, "device watch: epoll_wait failed, not watching: %s\n", strerror(errno));
 			return;
 		}
-		if (fds[1].revents)
-			return;
-		if (fds[0].revents & (POLLERR | POLLHUP) && daemon_gone()) {
+		if (n == 0 || ev.data.u32 == 0)
+			return;  // stopped
+		if (ev.events & (EPOLLERR | EPOLLHUP) && daemon_gone()) {
 			xsrc_device_died(ctx_);
 			return;
 		}

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
 // fault_rounds: each round runs a random workload (SEND, RDMA WRITE, RDMA
-// READ, fetch-and-add, compare-and-swap) between two processes on RC QPs,
+// READ, fetch-and-add, compare-and-swap) between two processes on RC or XRC
+// QPs (each side sends, so each finds out),
 // SIGKILLs a random participant (client, server or xsrcd) at a random
 // moment, and checks what the survivors see and what is left:
 // - a peer's death: the survivor's work ends IBV_WC_RETRY_EXC_ERR, its QP is
@@ -109,8 +110,8 @@ int participant(Link &link)
 	{
 		Side s;
 		Info peer;
-		int op = 0, victim = 0;
-		if (!s.open(false) || !link.send_value(s.info()) || !link.recv_value(&peer, ms{5000}) ||
+		int op = 0, victim = 0, xrc = 0;
+		if (!link.recv_value(&xrc, ms{5000}) || !s.open(false, xrc) || !link.send_value(s.info()) || !link.recv_value(&peer, ms{5000}) ||
 		    !s.connect(peer))
 			return 10;
 		for (int i = 0; i < Side::kRecvs; ++i)
@@ -230,6 +231,7 @@ std::string judge(const Report &r, Victim v, long detect_ms)
 
 struct Round {
 	Op op;
+	bool xrc;
 	Victim victim;
 	std::chrono::microseconds delay;
 };
@@ -241,7 +243,8 @@ std::string run_round(const Round &round, const std::string &rundir, HostState &
 	Child b = Child::run(participant);  // the server
 	Info ia, ib;
 	char ra, rb;
-	if (!a.link().recv_value(&ia, ms{5000}) || !b.link().recv_value(&ib, ms{5000}) || !a.link().send_value(ib) ||
+	const int xrc = round.xrc;
+	if (!a.link().send_value(xrc) || !b.link().send_value(xrc) || !a.link().recv_value(&ia, ms{5000}) || !b.link().recv_value(&ib, ms{5000}) || !a.link().send_value(ib) ||
 	    !b.link().send_value(ia) || !a.link().recv_value(&ra, ms{5000}) || !b.link().recv_value(&rb, ms{5000}))
 		return "set-up failed";
 	const int op = static_cast<int>(round.op);
@@ -312,12 +315,13 @@ int rounds(int count, unsigned long seed)
 	int by_victim[3] = {};
 	auto start = Clock::now();
 	for (int i = 1; i <= count; ++i) {
-		Round r{static_cast<Op>(rng() % static_cast<int>(Op::count)),
+		Round r{static_cast<Op>(rng() % static_cast<int>(Op::count)), rng() % 3 == 0,
 			static_cast<Victim>(rng() % static_cast<int>(Victim::count)),
 			std::chrono::microseconds(rng() % 20'000)};
 		std::string bad = run_round(r, rundir, baseline);
 		++by_victim[static_cast<int>(r.victim)];
-		std::printf("round %d: %s, kill %s after %.1f ms: %s%s\n", i, op_name(r.op), victim_name(r.victim),
+		std::printf("round %d: %s %s, kill %s after %.1f ms: %s%s\n", i, r.xrc ? "XRC" : "RC", op_name(r.op),
+			    victim_name(r.victim),
 			    r.delay.count() / 1000.0, bad.empty() ? "ok" : "FAIL", bad.c_str());
 		bad.empty() ? ++passed : ++failed;
 		if (failed >= 5)

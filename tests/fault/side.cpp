@@ -24,7 +24,42 @@ const char *op_name(Op op)
 	}
 }
 
-bool Side::open(bool with_channel)
+// The XRC objects: a domain of no file, its SRQ, a receive and a send QP.
+static bool make_xrc(Side &s)
+{
+	ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	xa.oflags = O_CREAT;
+	if (!(s.xrcd = ibv_open_xrcd(s.ctx, &xa)))
+		return false;
+	ibv_srq_init_attr_ex sa{};
+	sa.attr.max_wr = Side::kRecvs + 1;
+	sa.attr.max_sge = 1;
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.pd = s.pd;
+	sa.xrcd = s.xrcd;
+	sa.cq = s.recv_cq;
+	if (!(s.srq = ibv_create_srq_ex(s.ctx, &sa)))
+		return false;
+	ibv_qp_init_attr_ex ra{};
+	ra.qp_type = IBV_QPT_XRC_RECV;
+	ra.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	ra.xrcd = s.xrcd;
+	if (!(s.xrc_recv = ibv_create_qp_ex(s.ctx, &ra)))
+		return false;
+	ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_SEND;
+	qa.send_cq = s.send_cq;
+	qa.cap.max_send_wr = 32;
+	qa.cap.max_send_sge = 1;
+	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qa.pd = s.pd;
+	return (s.qp = ibv_create_qp_ex(s.ctx, &qa)) != nullptr;
+}
+
+bool Side::open(bool with_channel, bool xrc)
 {
 	int n = 0;
 	ibv_device **list = ibv_get_device_list(&n);
@@ -50,6 +85,13 @@ bool Side::open(bool with_channel)
 		std::fprintf(stderr, "cannot make the PD, CQs or MR: %s\n", std::strerror(errno));
 		return false;
 	}
+	if (xrc) {
+		if (!make_xrc(*this)) {
+			std::fprintf(stderr, "cannot make the XRC objects: %s\n", std::strerror(errno));
+			return false;
+		}
+		return true;
+	}
 	ibv_qp_init_attr attr{};
 	attr.send_cq = send_cq;
 	attr.recv_cq = recv_cq;
@@ -69,6 +111,10 @@ Info Side::info() const
 	ibv_query_gid(ctx, 1, 1, &i.gid);
 	i.addr = reinterpret_cast<uintptr_t>(buf.data());
 	i.rkey = mr->rkey;
+	if (xrc_recv) {
+		i.xrc_recv_qpn = xrc_recv->qp_num;
+		ibv_get_srq_num(srq, &i.srqn);
+	}
 	return i;
 }
 
@@ -77,11 +123,19 @@ bool Side::connect(const Info &peer)
 	harness::QpConnectAttrs a;
 	a.timeout = 8;  // 1 ms a try
 	a.retry_cnt = 3;
-	if (harness::QpStep step = harness::qp_connect(qp, {peer.qpn, peer.gid}, a)) {
+	if (harness::QpStep step = harness::qp_connect(qp, {xrc_recv ? peer.xrc_recv_qpn : peer.qpn, peer.gid}, a)) {
 		std::fprintf(stderr, "connect: %s\n", step.text().c_str());
 		return false;
 	}
-	return true;
+	if (!xrc_recv)
+		return true;
+	// The receive QP answers the peer's send QP; it never sends.
+	harness::QpStep step = harness::qp_to_init(xrc_recv, a);
+	if (!step)
+		step = harness::qp_to_rtr(xrc_recv, {peer.qpn, peer.gid}, a);
+	if (step)
+		std::fprintf(stderr, "connect the XRC receive QP: %s\n", step.text().c_str());
+	return !step;
 }
 
 int Side::post_recv(uint64_t wr_id)
@@ -91,7 +145,7 @@ int Side::post_recv(uint64_t wr_id)
 	wr.wr_id = wr_id;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	return ibv_post_recv(qp, &wr, &bad);
+	return srq ? ibv_post_srq_recv(srq, &wr, &bad) : ibv_post_recv(qp, &wr, &bad);
 }
 
 int Side::post_op(Op op, const Info &peer, uint64_t wr_id, bool signaled)
@@ -104,6 +158,8 @@ int Side::post_op(Op op, const Info &peer, uint64_t wr_id, bool signaled)
 	wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
 	wr.wr.rdma.remote_addr = peer.addr + 64;
 	wr.wr.rdma.rkey = peer.rkey;
+	if (xrc_recv)
+		wr.qp_type.xrc.remote_srqn = peer.srqn;
 	switch (op) {
 	case Op::send: wr.opcode = IBV_WR_SEND; break;
 	case Op::write: wr.opcode = IBV_WR_RDMA_WRITE; break;
@@ -131,6 +187,12 @@ int Side::teardown()
 	};
 	if (qp)
 		note(ibv_destroy_qp(qp));
+	if (xrc_recv)
+		note(ibv_destroy_qp(xrc_recv));
+	if (srq)
+		note(ibv_destroy_srq(srq));
+	if (xrcd)
+		note(ibv_close_xrcd(xrcd));
 	if (mr)
 		note(ibv_dereg_mr(mr));
 	if (recv_cq)
@@ -143,7 +205,7 @@ int Side::teardown()
 		note(ibv_destroy_comp_channel(channel));
 	if (ctx)
 		note(ibv_close_device(ctx));
-	qp = nullptr, mr = nullptr, recv_cq = send_cq = nullptr, pd = nullptr, channel = nullptr, ctx = nullptr;
+	qp = xrc_recv = nullptr, srq = nullptr, xrcd = nullptr, mr = nullptr, recv_cq = send_cq = nullptr, pd = nullptr, channel = nullptr, ctx = nullptr;
 	return first;
 }
 

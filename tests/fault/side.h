@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
 // One participant of a fault test: a context on xsrc0 with a PD, CQs, an RC
-// QP and a registered buffer, and the verbs the workloads post.
+// QP (or XRC: a send QP, and a receive QP with an XRC SRQ for the peer's
+// sends) and a registered buffer, and the verbs the workloads post.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -26,6 +27,8 @@ struct Info {
 	ibv_gid gid{};
 	uint64_t addr = 0;
 	uint32_t rkey = 0;
+	uint32_t xrc_recv_qpn = 0;  // XRC: the receive QP and SRQ its sends target
+	uint32_t srqn = 0;
 };
 
 enum class Op : int { send, write, read, fetch_add, cmp_swap, count };
@@ -40,7 +43,10 @@ struct Side {
 	ibv_pd *pd = nullptr;
 	ibv_cq *send_cq = nullptr;
 	ibv_cq *recv_cq = nullptr;
-	ibv_qp *qp = nullptr;
+	ibv_qp *qp = nullptr;          // RC, or the XRC send QP
+	ibv_xrcd *xrcd = nullptr;      // XRC only, as the next two
+	ibv_srq *srq = nullptr;
+	ibv_qp *xrc_recv = nullptr;
 	ibv_mr *mr = nullptr;
 	std::vector<uint64_t> buf = std::vector<uint64_t>(kBufBytes / 8);
 
@@ -50,7 +56,7 @@ struct Side {
 	~Side() { teardown(); }
 
 	// Opens xsrc0 and makes everything; false with errno and a message on stderr.
-	bool open(bool with_channel);
+	bool open(bool with_channel, bool xrc = false);
 	Info info() const;
 	// RTS towards `peer`; retries fast, so a dead peer is found within a few ms.
 	bool connect(const Info &peer);
