@@ -14,11 +14,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/epoll.h>
-#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 

@@ -109,6 +109,19 @@ int daemon_death()
 	for (int i = 0; i < kSends; ++i)
 		expect(a.post_op(Op::send, binfo, 200 + i) == 0, "post_send before the fault");
 	expect(ibv_req_notify_cq(a.recv_cq, 0) == 0, "arm the receive CQ");
+	// An SRQ and a QP with the ibv_wr_* builder: their posts fail too.
+	ibv_srq_init_attr sa{};
+	sa.attr = {4, 1, 0};
+	ibv_srq *srq = ibv_create_srq(a.pd, &sa);
+	ibv_qp_init_attr_ex xa{};
+	xa.qp_type = IBV_QPT_RC;
+	xa.send_cq = xa.recv_cq = a.send_cq;
+	xa.cap = {4, 4, 1, 1, 0};
+	xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	xa.pd = a.pd;
+	xa.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	ibv_qp *wr_qp = ibv_create_qp_ex(a.ctx, &xa);
+	expect(srq && wr_qp, "an SRQ and a QP with send_ops_flags");
 
 	auto sleeper = std::async(std::launch::async, [&] {
 		ibv_cq *cq = nullptr;
@@ -150,6 +163,20 @@ int daemon_death()
 	expect(ibv_poll_cq(a.send_cq, 1, &wc) == 0, "nothing more to poll");
 	expect(a.post_op(Op::send, binfo, 1) == EIO, "ibv_post_send after the fault: EIO");
 	expect(a.post_recv(1) == EIO, "ibv_post_recv after the fault: EIO");
+	if (srq) {
+		ibv_sge sge{reinterpret_cast<uintptr_t>(a.buf.data()), 8, a.mr->lkey};
+		ibv_recv_wr rwr{}, *bad = nullptr;
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		expect(ibv_post_srq_recv(srq, &rwr, &bad) == EIO && bad == &rwr, "ibv_post_srq_recv after the fault: EIO");
+	}
+	if (wr_qp) {
+		ibv_qp_ex *qpx = ibv_qp_to_qp_ex(wr_qp);
+		ibv_wr_start(qpx);
+		ibv_wr_send(qpx);
+		ibv_wr_set_sge(qpx, a.mr->lkey, reinterpret_cast<uintptr_t>(a.buf.data()), 8);
+		expect(ibv_wr_complete(qpx) == EIO, "ibv_wr_complete after the fault: EIO");
+	}
 	expect(ibv_destroy_qp(a.qp) == EIO, "ibv_destroy_qp after the fault: EIO");
 	expect(ibv_dereg_mr(a.mr) == EIO, "ibv_dereg_mr after the fault: EIO");
 
@@ -166,6 +193,8 @@ int daemon_death()
 
 	setenv("RDMAV_ALLOW_DISASSOC_DESTROY", "1", 1);
 	auto t = Clock::now();
+	expect((!wr_qp || ibv_destroy_qp(wr_qp) == 0) && (!srq || ibv_destroy_srq(srq) == 0),
+	       "ibv_destroy_qp and ibv_destroy_srq with RDMAV_ALLOW_DISASSOC_DESTROY: 0");
 	expect(a.teardown() == 0, "teardown with RDMAV_ALLOW_DISASSOC_DESTROY: every destroy 0, close_device 0");
 	expect(ms_since(t) < kBound.count(), "teardown took " + std::to_string(ms_since(t)) + " ms");
 	unsetenv("RDMAV_ALLOW_DISASSOC_DESTROY");
