@@ -7,14 +7,29 @@
 namespace xsrc {
 namespace {
 
+// Big payload slots (revision 5) cost half a MiB of arena per CQ (only the
+// pages a payload touched cost memory): a CQ gets them while most of the
+// arena is free, so that many small CQs still fit; one without them works,
+// with a system call per medium message.
+uint32_t cq_big_slots(const Context &ctx, const Arena &arena, uint32_t entries)
+{
+	if (abi_revision(ctx) < 5)
+		return 0;
+	uint64_t free_bytes = arena.free_pages() * kArenaPage;
+	if (free_bytes < XSRC_ARENA_SIZE / 2 + cq_ring_bytes(entries, XSRC_CQ_BIG_SLOTS))
+		return 0;
+	return XSRC_CQ_BIG_SLOTS;
+}
+
 // A new ring for `cqe` entries, initialised; 0 when the arena is full.
 uint64_t create_cq_ring(Context &ctx, uint32_t cqe)
 {
 	Arena &arena = *ctx.device->arena;
 	uint32_t entries = cq_ring_entries(cqe);
-	uint64_t off = arena.allocate(cq_ring_bytes(entries));
+	uint32_t big_slots = cq_big_slots(ctx, arena, entries);
+	uint64_t off = arena.allocate(cq_ring_bytes(entries, big_slots));
 	if (off)
-		cq_ring_init(arena.at<xsrc_cq_ring>(off), entries, cqe, ctx.owner);
+		cq_ring_init(arena.at<xsrc_cq_ring>(off), entries, cqe, ctx.owner, big_slots);
 	return off;
 }
 

@@ -235,6 +235,40 @@ ibv_grh responder_ud_grh(const xsrc_send_wqe &wqe, uint64_t payload_len)
 	return grh;
 }
 
+// A payload for one receive buffer `to` that fits a payload slot of the
+// responder's CQ ring: copied there with its completion `c`, which the
+// owner's poll places. False (nothing done) when it fits none, or every big
+// slot is taken: the caller moves it.
+bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const iovec &to, xsrc::CqPayload payload)
+{
+	auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
+	if (!ring)
+		return false;
+	if (to.iov_len <= ring->payload_stride) {
+		c.flags |= XSRC_CQE_DEFERRED;
+		c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
+		responder_complete(ctx, r, c, payload);
+		return true;
+	}
+#if XSRC_DRIVER_ABI_REVISION >= 5
+	// Big slots only for an owner that places them (older providers don't).
+	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(ring, ctx->arena.size - r.cq_off) ||
+	    to.iov_len > ring->big_stride)
+		return false;
+	int slot = xsrc::cq_big_claim(ring, r.qp->qpn);
+	if (slot < 0)
+		return false;
+	xsrc::gather(xsrc::cq_big_payload(ring, static_cast<uint32_t>(slot)), payload);
+	c.flags |= XSRC_CQE_DEFERRED_BIG;
+	c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
+	c.big_slot = static_cast<uint8_t>(slot);
+	responder_complete(ctx, r, c);
+	return true;
+#else
+	return false;
+#endif
+}
+
 // SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
 // receive is consumed and completed; for a SEND the payload moves into its
 // buffers.
@@ -291,15 +325,10 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 		}
 		for (size_t i = 0; i < local.count; ++i)
 			src[nsrc++] = local.iov[i];
-		// Small and into one buffer: the payload rides in the CQ ring and
-		// the owner's poll places it — no system call on either side.
-		auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
-		if (!ud && !on_demand && nremote == 1 && len <= (ring ? ring->payload_stride : 0)) {
-			c.flags |= XSRC_CQE_DEFERRED;
-			c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
-			responder_complete(ctx, r, c, {src.data(), nsrc});
+		// Into one buffer and small enough: the payload rides in the CQ
+		// ring and the owner's poll places it — no system call on either side.
+		if (!on_demand && nremote == 1 && responder_defer(ctx, r, c, remote[0], {src.data(), nsrc}))
 			return Result::done(local.total);
-		}
 		int err = 0;
 		xsrc_peer_path path = xsrc_peer_path_to(ctx, r.owner_pid);
 		if (path == xsrc_peer_path::direct) {
