@@ -379,6 +379,7 @@ struct RemoteAccess {
 	iovec remote;
 	xsrc_peer_path path;
 	xsrc_peer_copy copy;  // the same access through the device
+	unsigned char *mapped = nullptr;  // `remote` in a segment attached here (peer_shm.h)
 
 	pid_t peer() const { return static_cast<pid_t>(r.owner_pid); }
 	Result copy_failed(int err)
@@ -394,6 +395,20 @@ struct RemoteAccess {
 
 Result RemoteAccess::atomic_op()
 {
+	if (mapped) {
+		// Under the same lock word as the system-call path: atomic with
+		// respect to every requester, mapped or not.
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		auto word = atomic(*reinterpret_cast<uint64_t *>(mapped));
+		uint64_t original = word.load(std::memory_order_relaxed);
+		if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+			word.store(original + wqe.compare_add, std::memory_order_relaxed);
+		else if (original == wqe.compare_add)
+			word.store(wqe.swap, std::memory_order_relaxed);
+		std::memcpy(local.iov[0].iov_base, &original, kAtomicBytes);
+		return Result::done(kAtomicBytes);
+	}
 	if (path == xsrc_peer_path::direct) {
 		uint64_t original;
 		iovec orig_iov{&original, kAtomicBytes};
@@ -434,6 +449,12 @@ Result RemoteAccess::atomic_op()
 Result RemoteAccess::atomic_write(uint64_t value)
 {
 	iovec val_iov{&value, kAtomicBytes};
+	if (mapped) {
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		atomic(*reinterpret_cast<uint64_t *>(mapped)).store(value, std::memory_order_relaxed);
+		return Result::done(kAtomicBytes);
+	}
 	if (path == xsrc_peer_path::direct) {
 		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
 					   static_cast<uint32_t>(ctx->pid));
@@ -456,6 +477,17 @@ Result RemoteAccess::atomic_write(uint64_t value)
 // they moved, else how the work request ends.
 std::optional<Result> RemoteAccess::move_bytes(bool read)
 {
+	if (mapped) {
+		unsigned char *at = mapped;
+		for (size_t i = 0; i < local.count; ++i) {
+			if (read)
+				std::memcpy(local.iov[i].iov_base, at, local.iov[i].iov_len);
+			else
+				std::memcpy(at, local.iov[i].iov_base, local.iov[i].iov_len);
+			at += local.iov[i].iov_len;
+		}
+		return std::nullopt;
+	}
 	if (path == xsrc_peer_path::direct) {
 		int err = read ? xsrc_peer_read(peer(), local.iov.data(), local.count, &remote, 1, local.total)
 			       : xsrc_peer_write(peer(), local.iov.data(), local.count, &remote, 1, local.total);
@@ -523,6 +555,9 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 	access.copy.peer_addr = wqe.remote_addr;
 	access.copy.compare_add = wqe.compare_add;
 	access.copy.swap = wqe.swap;
+	// Checked above on the entry as it is now, as on every operation.
+	if (access.path == xsrc_peer_path::direct)
+		access.mapped = ctx->shm_maps.find(*key, wqe.rkey.value(), r.owner_pid, va, local.total);
 
 	if (is_atomic)
 		return access.atomic_op();

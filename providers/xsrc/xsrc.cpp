@@ -182,6 +182,7 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->denied);
 	std::construct_at(&ctx->local_mrs);
 	std::construct_at(&ctx->odp_mrs);
+	std::construct_at(&ctx->shm_maps);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
 }
@@ -195,6 +196,7 @@ struct context_deleter {
 		// The progress thread may still write to cmd_fd: stop it first.
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
+		std::destroy_at(&ctx->shm_maps);
 		std::destroy_at(&ctx->odp_mrs);
 		std::destroy_at(&ctx->local_mrs);
 		if (ctx->arena.base)
