@@ -193,7 +193,9 @@ struct xsrc_cq_ring {
  * the completion XSRC_CQE_DEFERRED_BIG with the slot in big_slot; the owner's
  * poll places it as for XSRC_CQE_DEFERRED and clears the busy bit. With every
  * slot taken the initiator moves the bytes itself, as for larger messages. */
-#define XSRC_CQ_BIG_SLOTS 128
+/* A ring gets one slot per requested CQ entry, rounded up to 64, and at most
+ * XSRC_CQ_BIG_SLOTS (big_slot is one byte). */
+#define XSRC_CQ_BIG_SLOTS 256
 #define XSRC_CQ_BIG_STRIDE (4096 + 64)
 
 enum {

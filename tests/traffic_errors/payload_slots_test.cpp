@@ -134,8 +134,8 @@ TEST_F(PayloadSlots, MultiSgeGatherLandsInOrder)
 	EXPECT_EQ(peer_bad_bytes(rbuf, kPeerFill, total, kStride - total), 0u) << "written past the message";
 }
 
-// More medium messages than the ring has big slots, unpolled: the first
-// XSRC_CQ_BIG_SLOTS wait in the ring (their buffers untouched until the
+// More medium messages than the ring has big slots (a CQ of 512 has the
+// most, XSRC_CQ_BIG_SLOTS), unpolled: the first XSRC_CQ_BIG_SLOTS wait in the ring (their buffers untouched until the
 // receiver polls), the rest are copied at once; all arrive, in order.
 TEST_F(PayloadSlots, BigSlotExhaustionFallsBackToCopy)
 {
@@ -143,7 +143,7 @@ TEST_F(PayloadSlots, BigSlotExhaustionFallsBackToCopy)
 	constexpr uint32_t kLen = 1000;
 	uint64_t pcq = peer_cq(512);
 	PairOpts o;
-	o.peer_max_recv_wr = 256;
+	o.peer_max_recv_wr = 512;
 	Sends s = sends(me(), kCount);
 	Pair p = rc_pair(s.cq, s.cq, pcq, o);
 	PeerMr rbuf = peer_mr(kCount * kStride, IBV_ACCESS_LOCAL_WRITE);
@@ -172,11 +172,11 @@ TEST_F(PayloadSlots, BigSlotExhaustionFallsBackToCopy)
 // holds its own message.
 TEST_F(PayloadSlots, MixedPathsKeepPerQpOrder)
 {
-	constexpr size_t kCount = 240;
-	const uint32_t sizes[] = {100, 2000, 5000, 256, 4096};
+	constexpr size_t kCount = 500;  // 300 for the big slots: more than there are
+	const uint32_t sizes[] = {100, 2000, 5000, 3000, 4096};
 	uint64_t pcq = peer_cq(512);
 	PairOpts o;
-	o.peer_max_recv_wr = 256;
+	o.peer_max_recv_wr = 512;
 	Sends s = sends(me(), kCount);
 	Pair p = rc_pair(s.cq, s.cq, pcq, o);
 	PeerMr rbuf = peer_mr(kCount * kStride, IBV_ACCESS_LOCAL_WRITE);
