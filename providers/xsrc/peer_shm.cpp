@@ -11,15 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
+// Nothing here allocates with new: a context is made, and the data path
+// runs, where no exception may be thrown (provider_alloc_fail).
 namespace {
 
 ino_t ipc_namespace_of(const char *pid)
 {
-	std::string path = std::string("/proc/") + pid + "/ns/ipc";
+	char path[64];
+	std::snprintf(path, sizeof(path), "/proc/%s/ns/ipc", pid);
 	struct stat st{};
-	return stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+	return stat(path, &st) == 0 ? st.st_ino : 0;
 }
 
 // The SysV segment behind [addr, addr + len) of process `pid`, as its
@@ -27,8 +29,9 @@ ino_t ipc_namespace_of(const char *pid)
 // inode number is the shmid. False when the range is anything else.
 bool sysv_segment_of(uint32_t pid, uint64_t addr, uint64_t len, int &shmid, uint64_t &offset)
 {
-	std::string path = "/proc/" + std::to_string(pid) + "/maps";
-	FILE *maps = std::fopen(path.c_str(), "re");
+	char path[64];
+	std::snprintf(path, sizeof(path), "/proc/%u/maps", pid);
+	FILE *maps = std::fopen(path, "re");
 	if (!maps)
 		return false;
 	char *line = nullptr;
@@ -103,10 +106,11 @@ xsrc_shm_maps::Known xsrc_shm_maps::resolve(const xsrc_mr_entry &mr, uint32_t ke
 	Known k;
 	k.pid = pid;
 	k.key = key;
-	std::string p = std::to_string(pid);
+	char p[16];
+	std::snprintf(p, sizeof(p), "%u", pid);
 	int shmid = -1;
 	uint64_t offset = 0;
-	if (!ipc_ns_ || ipc_namespace_of(p.c_str()) != ipc_ns_ ||
+	if (!ipc_ns_ || ipc_namespace_of(p) != ipc_ns_ ||
 	    !sysv_segment_of(pid, mr.addr, mr.length, shmid, offset))
 		return k;
 	// Our user's segment only: another user's memory is reached through
