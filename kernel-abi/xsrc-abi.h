@@ -36,8 +36,10 @@
  * the arena's multicast table (xsrc-queues.h, xsrc_mcast_table).
  * Revision 4 added memory windows: the ALLOC_MW / DEALLOC_MW commands,
  * XSRC_CMD_BIND_MW and XSRC_CMD_INVALIDATE, and the window fields of the
- * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn). */
-#define XSRC_DRIVER_ABI_REVISION 4
+ * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn).
+ * Revision 5 added the CQ ring's big payload slots (xsrc-queues.h,
+ * XSRC_CQE_DEFERRED_BIG). */
+#define XSRC_DRIVER_ABI_REVISION 5
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6

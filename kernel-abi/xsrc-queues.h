@@ -16,8 +16,12 @@
  * provider that predates it never reads that word and the table is only
  * found through it. Revision 4 gave the MR entry's reserved word to memory
  * windows (mw_type, bound_qpn): an older provider never reads it and sees a
- * window as an MR with remote access only. Frozen earlier formats:
- * history/rN/xsrc-queues.h.
+ * window as an MR with remote access only. Revision 5 gave the CQ ring's
+ * reserved words to a pool of big payload slots (big_slots, big_stride,
+ * big_polled) and the CQE's reserved byte to the slot a completion uses
+ * (big_slot): an older provider never reads them, never marks its rings
+ * big_polled, and so is never sent XSRC_CQE_DEFERRED_BIG. Frozen earlier
+ * formats: history/rN/xsrc-queues.h.
  */
 #ifndef XSRC_QUEUES_H
 #define XSRC_QUEUES_H
@@ -163,9 +167,17 @@ struct xsrc_cq_ring {
 	__u32 overflow;       /* atomic; set when a completion found the ring full */
 	__u32 owner_pid;
 	__u32 payload_stride; /* bytes of payload slot per entry (0: none) */
-	__u64 reserved2[3];
+	/* r5 (were reserved words, always 0 before): */
+	__u32 big_slots;      /* big payload slots (0: no pool), a multiple of 64 */
+	__u32 big_stride;     /* bytes per big payload slot */
+	__u32 big_polled;     /* atomic; the owner's provider sets it: it places
+			       * XSRC_CQE_DEFERRED_BIG payloads. Never set: no one sends them */
+	__u32 reserved2;
+	__u64 reserved3;
 	/* struct xsrc_cqe entries[num_entries] follow (64-byte aligned), then
-	 * num_entries payload slots of payload_stride bytes each */
+	 * num_entries payload slots of payload_stride bytes each, then (r5) the
+	 * big pool: __u64 busy[big_slots / 64] (bit i: slot i is taken; atomic)
+	 * padded to 64 bytes, then big_slots slots of big_stride bytes each */
 };
 
 /* Small SENDs travel in the CQ ring: the initiator copies the payload into
@@ -174,6 +186,17 @@ struct xsrc_cq_ring {
  * buffer the initiator has validated) before the completion is reported.
  * No system call on either side. */
 #define XSRC_CQ_PAYLOAD_STRIDE 256
+
+/* Revision 5: medium SENDs and UD datagrams (up to 4 KiB and the 40-byte GRH)
+ * travel the same way in a big slot of the receiver's CQ ring: the initiator
+ * claims a free slot (sets its busy bit), copies the payload there and marks
+ * the completion XSRC_CQE_DEFERRED_BIG with the slot in big_slot; the owner's
+ * poll places it as for XSRC_CQE_DEFERRED and clears the busy bit. With every
+ * slot taken the initiator moves the bytes itself, as for larger messages. */
+/* A ring gets one slot per requested CQ entry, rounded up to 64, and at most
+ * XSRC_CQ_BIG_SLOTS (big_slot is one byte). */
+#define XSRC_CQ_BIG_SLOTS 256
+#define XSRC_CQ_BIG_STRIDE (4096 + 64)
 
 enum {
 	XSRC_CQ_ARMED_NONE = 0,
@@ -184,6 +207,7 @@ enum {
 enum {
 	XSRC_CQE_SOLICITED = 1 << 0,  /* in xsrc_cqe.flags: raise a solicited event */
 	XSRC_CQE_DEFERRED = 1 << 1,   /* byte_len bytes in the payload slot go to deferred_va */
+	XSRC_CQE_DEFERRED_BIG = 1 << 2, /* r5: byte_len bytes in big slot big_slot go to deferred_va */
 };
 
 struct xsrc_cqe {
@@ -202,8 +226,8 @@ struct xsrc_cqe {
 	__u8 sl;
 	__u8 dlid_path_bits;
 	__u8 flags;           /* XSRC_CQE_* */
-	__u8 reserved;
-	__u64 deferred_va;    /* XSRC_CQE_DEFERRED: where the payload goes */
+	__u8 big_slot;        /* r5, XSRC_CQE_DEFERRED_BIG: the big payload slot (was reserved) */
+	__u64 deferred_va;    /* XSRC_CQE_DEFERRED(_BIG): where the payload goes */
 };
 
 struct xsrc_sge {

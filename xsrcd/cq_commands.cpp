@@ -1,5 +1,7 @@
 // Completion queues: each one is a ring in the arena that any process
 // completing work on the CQ's QPs writes into and the owner polls.
+#include <algorithm>
+
 #include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
@@ -7,14 +9,32 @@
 namespace xsrc {
 namespace {
 
+// Big payload slots (revision 5): as many as the CQ has entries (a sender
+// runs ahead of a receiver by up to its receive queue), in 64s, at most
+// XSRC_CQ_BIG_SLOTS: up to a MiB of arena per CQ (only the pages a payload
+// touched cost memory). A CQ gets them while most of the arena is free, so
+// that many small CQs still fit; one without them works, with a system call
+// per medium message.
+uint32_t cq_big_slots(const Context &ctx, const Arena &arena, uint32_t cqe, uint32_t entries)
+{
+	if (abi_revision(ctx) < 5)
+		return 0;
+	uint32_t slots = std::min<uint32_t>((std::max<uint32_t>(cqe, 1) + 63) / 64 * 64, XSRC_CQ_BIG_SLOTS);
+	uint64_t free_bytes = arena.free_pages() * kArenaPage;
+	if (free_bytes < XSRC_ARENA_SIZE / 2 + cq_ring_bytes(entries, slots))
+		return 0;
+	return slots;
+}
+
 // A new ring for `cqe` entries, initialised; 0 when the arena is full.
 uint64_t create_cq_ring(Context &ctx, uint32_t cqe)
 {
 	Arena &arena = *ctx.device->arena;
 	uint32_t entries = cq_ring_entries(cqe);
-	uint64_t off = arena.allocate(cq_ring_bytes(entries));
+	uint32_t big_slots = cq_big_slots(ctx, arena, cqe, entries);
+	uint64_t off = arena.allocate(cq_ring_bytes(entries, big_slots));
 	if (off)
-		cq_ring_init(arena.at<xsrc_cq_ring>(off), entries, cqe, ctx.owner);
+		cq_ring_init(arena.at<xsrc_cq_ring>(off), entries, cqe, ctx.owner, big_slots);
 	return off;
 }
 

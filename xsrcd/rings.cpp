@@ -42,17 +42,24 @@ uint32_t cq_ring_entries(uint32_t cqe)
 	return static_cast<uint32_t>(std::min(want, cap));
 }
 
-uint64_t cq_ring_bytes(uint32_t entries)
+uint64_t cq_ring_bytes(uint32_t entries, uint32_t big_slots)
 {
-	return sizeof(xsrc_cq_ring) + uint64_t(entries) * (sizeof(xsrc_cqe) + XSRC_CQ_PAYLOAD_STRIDE);
+	uint64_t bytes = sizeof(xsrc_cq_ring) + uint64_t(entries) * (sizeof(xsrc_cqe) + XSRC_CQ_PAYLOAD_STRIDE);
+	if (big_slots) {
+		uint64_t busy = (uint64_t(big_slots) / 64 * sizeof(__u64) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+		bytes += busy + uint64_t(big_slots) * XSRC_CQ_BIG_STRIDE;
+	}
+	return bytes;
 }
 
-void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner)
+void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner, uint32_t big_slots)
 {
 	ring.num_entries = entries;
 	ring.cqe = cqe;
 	ring.owner_pid = static_cast<__u32>(owner);
 	ring.payload_stride = XSRC_CQ_PAYLOAD_STRIDE;
+	ring.big_slots = big_slots;
+	ring.big_stride = big_slots ? XSRC_CQ_BIG_STRIDE : 0;
 	xsrc_cqe *slots = cq_slots(ring);
 	for (uint32_t i = 0; i < entries; ++i)
 		store_release<__u64>(slots[i].seq, i);

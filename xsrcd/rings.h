@@ -20,9 +20,11 @@ uint64_t pow2_at_least(uint64_t v);
 // Slots for a CQ of `cqe` entries: a power of two >= 2 * (cqe + 1), at least
 // 64, but no more than the power of two that holds the device's largest CQ.
 uint32_t cq_ring_entries(uint32_t cqe);
-uint64_t cq_ring_bytes(uint32_t entries);
-// Initialises zeroed memory: slot i's seq = i, head = tail = 0, not armed.
-void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner);
+// With `big_slots` big payload slots (revision 5; 0 or a multiple of 64).
+uint64_t cq_ring_bytes(uint32_t entries, uint32_t big_slots = 0);
+// Initialises zeroed memory: slot i's seq = i, head = tail = 0, not armed,
+// every big slot free (its pool is not announced until the owner polls it).
+void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner, uint32_t big_slots = 0);
 // Completions produced and not yet consumed.
 uint64_t cq_ring_pending(xsrc_cq_ring &ring);
 

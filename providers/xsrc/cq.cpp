@@ -72,10 +72,26 @@ bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 	return true;
 }
 
+// Tells producers that this provider places payloads from the ring's big
+// slots (revision 5): a provider that predates them never says so, and so
+// is never sent one.
+void cq_accept_big_payloads(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t off)
+{
+#if XSRC_DRIVER_ABI_REVISION >= 5
+	if (xsrc::cq_big_pool_sane(ring, ctx->arena.size - off))
+		xsrc::store_release(ring->big_polled, 1u);
+#else
+	(void)ctx, (void)ring, (void)off;
+#endif
+}
+
 xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
-	return ring && ring->num_entries ? ring : nullptr;
+	if (!ring || !ring->num_entries)
+		return nullptr;
+	cq_accept_big_payloads(ctx, ring, off);
+	return ring;
 }
 
 // --- the extended poll interface (ibv_start_poll & co) ---------------------

@@ -143,7 +143,80 @@ struct CqPayload {
 	size_t count = 0;
 };
 
-// Appends a completion. False when the CQ is full (an overrun).
+inline void gather(unsigned char *dst, CqPayload payload)
+{
+	for (size_t i = 0; i < payload.count; ++i) {
+		std::memcpy(dst, payload.iov[i].iov_base, payload.iov[i].iov_len);
+		dst += payload.iov[i].iov_len;
+	}
+}
+
+// --- big payload slots (revision 5) ------------------------------------------
+
+// The slot index lives in xsrc_cqe::big_slot: no pool may have more.
+constexpr uint32_t kMaxCqBigSlots = 256;
+
+inline uint64_t cq_big_pool_off(const xsrc_cq_ring *ring)
+{
+	return sizeof(xsrc_cq_ring) + uint64_t(ring->num_entries) * (sizeof(xsrc_cqe) + ring->payload_stride);
+}
+
+inline uint64_t cq_big_busy_bytes(const xsrc_cq_ring *ring)
+{
+	return (uint64_t(ring->big_slots) / 64 * sizeof(uint64_t) + 63) / 64 * 64;
+}
+
+// The ring's pool as its header describes it: a sane shape (the header is
+// in the arena, which any process can write) within `room` bytes of the ring.
+inline bool cq_big_pool_sane(const xsrc_cq_ring *ring, uint64_t room)
+{
+	uint32_t slots = ring->big_slots;
+	if (!slots || slots > kMaxCqBigSlots || slots % 64 || !ring->big_stride || ring->big_stride > (1u << 20))
+		return false;
+	uint64_t end = cq_big_pool_off(ring) + cq_big_busy_bytes(ring) + uint64_t(slots) * ring->big_stride;
+	return end <= room;
+}
+
+inline uint64_t *cq_big_busy(xsrc_cq_ring *ring)
+{
+	return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring) + cq_big_pool_off(ring));
+}
+
+inline unsigned char *cq_big_payload(xsrc_cq_ring *ring, uint32_t slot)
+{
+	return reinterpret_cast<unsigned char *>(cq_big_busy(ring)) + cq_big_busy_bytes(ring) +
+	       uint64_t(slot) * ring->big_stride;
+}
+
+// Takes a free big slot (its busy bit), starting the search at `hint` so
+// that producers spread out. -1 when every slot is taken.
+inline int cq_big_claim(xsrc_cq_ring *ring, uint32_t hint)
+{
+	uint32_t words = ring->big_slots / 64;
+	uint64_t *busy = cq_big_busy(ring);
+	for (uint32_t n = 0; n < words; ++n) {
+		uint32_t w = (hint / 64 + n) % words;
+		auto word = atomic(busy[w]);
+		uint64_t seen = word.load(std::memory_order_relaxed);
+		while (~seen) {
+			int bit = __builtin_ctzll(~seen);
+			uint64_t mask = uint64_t(1) << bit;
+			// Acquire: the consumer's copy out of the slot happened before it freed it.
+			seen = word.fetch_or(mask, std::memory_order_acquire);
+			if (!(seen & mask))
+				return static_cast<int>(w * 64 + bit);
+		}
+	}
+	return -1;
+}
+
+inline void cq_big_release(xsrc_cq_ring *ring, uint32_t slot)
+{
+	atomic(cq_big_busy(ring)[slot / 64]).fetch_and(~(uint64_t(1) << (slot % 64)), std::memory_order_release);
+}
+
+// Appends a completion. False when the CQ is full (an overrun); a big slot
+// the completion carries is then free again.
 inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {})
 {
 	auto tail = atomic(ring->tail);
@@ -160,25 +233,25 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 				continue;
 			}
 			if (pos - head >= ring->cqe)
-				return false;
+				break;
 			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
 				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
 					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
 					    sizeof(cqe) - sizeof(cqe.seq));
-				unsigned char *dst = payload.count ? cq_payload(ring, pos) : nullptr;
-				for (size_t i = 0; i < payload.count; ++i) {
-					std::memcpy(dst, payload.iov[i].iov_base, payload.iov[i].iov_len);
-					dst += payload.iov[i].iov_len;
-				}
+				if (payload.count)
+					gather(cq_payload(ring, pos), payload);
 				atomic(slot->seq).store(pos + 1, std::memory_order_release);
 				return true;
 			}
 		} else if (dif < 0) {
-			return false;
+			break;
 		} else {
 			pos = tail.load(std::memory_order_relaxed);
 		}
 	}
+	if (cqe.flags & XSRC_CQE_DEFERRED_BIG)
+		cq_big_release(ring, cqe.big_slot);
+	return false;
 }
 
 // Takes the oldest completion (the owner is the only consumer). A payload
@@ -202,6 +275,18 @@ inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
 			out.status = IBV_WC_LOC_PROT_ERR;
 			out.byte_len = 0;
 		}
+	} else if (out.flags & XSRC_CQE_DEFERRED_BIG) {
+		// The pool's shape is the daemon's, as num_entries and payload_stride are.
+		bool known = out.big_slot < ring->big_slots;
+		if (known && out.byte_len <= ring->big_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_big_payload(ring, out.big_slot),
+				    out.byte_len);
+		} else {
+			out.status = IBV_WC_LOC_PROT_ERR;
+			out.byte_len = 0;
+		}
+		if (known)
+			cq_big_release(ring, out.big_slot);
 	}
 	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
 	atomic(ring->head).store(pos + 1, std::memory_order_release);

@@ -235,6 +235,40 @@ ibv_grh responder_ud_grh(const xsrc_send_wqe &wqe, uint64_t payload_len)
 	return grh;
 }
 
+// A payload for one receive buffer `to` that fits a payload slot of the
+// responder's CQ ring: copied there with its completion `c`, which the
+// owner's poll places. False (nothing done) when it fits none, or every big
+// slot is taken: the caller moves it.
+bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const iovec &to, xsrc::CqPayload payload)
+{
+	auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
+	if (!ring)
+		return false;
+	if (to.iov_len <= ring->payload_stride) {
+		c.flags |= XSRC_CQE_DEFERRED;
+		c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
+		responder_complete(ctx, r, c, payload);
+		return true;
+	}
+#if XSRC_DRIVER_ABI_REVISION >= 5
+	// Big slots only for an owner that places them (older providers don't).
+	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(ring, ctx->arena.size - r.cq_off) ||
+	    to.iov_len > ring->big_stride)
+		return false;
+	int slot = xsrc::cq_big_claim(ring, r.qp->qpn);
+	if (slot < 0)
+		return false;
+	xsrc::gather(xsrc::cq_big_payload(ring, static_cast<uint32_t>(slot)), payload);
+	c.flags |= XSRC_CQE_DEFERRED_BIG;
+	c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
+	c.big_slot = static_cast<uint8_t>(slot);
+	responder_complete(ctx, r, c);
+	return true;
+#else
+	return false;
+#endif
+}
+
 // SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
 // receive is consumed and completed; for a SEND the payload moves into its
 // buffers.
@@ -291,15 +325,10 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 		}
 		for (size_t i = 0; i < local.count; ++i)
 			src[nsrc++] = local.iov[i];
-		// Small and into one buffer: the payload rides in the CQ ring and
-		// the owner's poll places it — no system call on either side.
-		auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
-		if (!ud && !on_demand && nremote == 1 && len <= (ring ? ring->payload_stride : 0)) {
-			c.flags |= XSRC_CQE_DEFERRED;
-			c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
-			responder_complete(ctx, r, c, {src.data(), nsrc});
+		// Into one buffer and small enough: the payload rides in the CQ
+		// ring and the owner's poll places it — no system call on either side.
+		if (!on_demand && nremote == 1 && responder_defer(ctx, r, c, remote[0], {src.data(), nsrc}))
 			return Result::done(local.total);
-		}
 		int err = 0;
 		xsrc_peer_path path = xsrc_peer_path_to(ctx, r.owner_pid);
 		if (path == xsrc_peer_path::direct) {
@@ -350,6 +379,7 @@ struct RemoteAccess {
 	iovec remote;
 	xsrc_peer_path path;
 	xsrc_peer_copy copy;  // the same access through the device
+	unsigned char *mapped = nullptr;  // `remote` in a segment attached here (peer_shm.h)
 
 	pid_t peer() const { return static_cast<pid_t>(r.owner_pid); }
 	Result copy_failed(int err)
@@ -365,6 +395,20 @@ struct RemoteAccess {
 
 Result RemoteAccess::atomic_op()
 {
+	if (mapped) {
+		// Under the same lock word as the system-call path: atomic with
+		// respect to every requester, mapped or not.
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		auto word = atomic(*reinterpret_cast<uint64_t *>(mapped));
+		uint64_t original = word.load(std::memory_order_relaxed);
+		if (wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+			word.store(original + wqe.compare_add, std::memory_order_relaxed);
+		else if (original == wqe.compare_add)
+			word.store(wqe.swap, std::memory_order_relaxed);
+		std::memcpy(local.iov[0].iov_base, &original, kAtomicBytes);
+		return Result::done(kAtomicBytes);
+	}
 	if (path == xsrc_peer_path::direct) {
 		uint64_t original;
 		iovec orig_iov{&original, kAtomicBytes};
@@ -405,6 +449,12 @@ Result RemoteAccess::atomic_op()
 Result RemoteAccess::atomic_write(uint64_t value)
 {
 	iovec val_iov{&value, kAtomicBytes};
+	if (mapped) {
+		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
+					   static_cast<uint32_t>(ctx->pid));
+		atomic(*reinterpret_cast<uint64_t *>(mapped)).store(value, std::memory_order_relaxed);
+		return Result::done(kAtomicBytes);
+	}
 	if (path == xsrc_peer_path::direct) {
 		xsrc_peer_atomic_lock lock(ctx->arena, r.owner_pid, reinterpret_cast<uint64_t>(remote.iov_base),
 					   static_cast<uint32_t>(ctx->pid));
@@ -427,6 +477,17 @@ Result RemoteAccess::atomic_write(uint64_t value)
 // they moved, else how the work request ends.
 std::optional<Result> RemoteAccess::move_bytes(bool read)
 {
+	if (mapped) {
+		unsigned char *at = mapped;
+		for (size_t i = 0; i < local.count; ++i) {
+			if (read)
+				std::memcpy(local.iov[i].iov_base, at, local.iov[i].iov_len);
+			else
+				std::memcpy(at, local.iov[i].iov_base, local.iov[i].iov_len);
+			at += local.iov[i].iov_len;
+		}
+		return std::nullopt;
+	}
 	if (path == xsrc_peer_path::direct) {
 		int err = read ? xsrc_peer_read(peer(), local.iov.data(), local.count, &remote, 1, local.total)
 			       : xsrc_peer_write(peer(), local.iov.data(), local.count, &remote, 1, local.total);
@@ -494,6 +555,9 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 	access.copy.peer_addr = wqe.remote_addr;
 	access.copy.compare_add = wqe.compare_add;
 	access.copy.swap = wqe.swap;
+	// Checked above on the entry as it is now, as on every operation.
+	if (access.path == xsrc_peer_path::direct)
+		access.mapped = ctx->shm_maps.find(*key, wqe.rkey.value(), r.owner_pid, va, local.total);
 
 	if (is_atomic)
 		return access.atomic_op();

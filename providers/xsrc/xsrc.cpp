@@ -220,6 +220,7 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->denied);
 	std::construct_at(&ctx->local_mrs);
 	std::construct_at(&ctx->odp_mrs);
+	std::construct_at(&ctx->shm_maps);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
 	std::construct_at(&ctx->qps_lock);
@@ -238,6 +239,7 @@ struct context_deleter {
 		std::destroy_at(&ctx->death_watch);
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
+		std::destroy_at(&ctx->shm_maps);
 		std::destroy_at(&ctx->odp_mrs);
 		std::destroy_at(&ctx->local_mrs);
 		if (ctx->arena.base)

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "buf.h"
+#include "peer_shm.h"
 #include "common/fd.h"
 #include "common/ids.h"
 #include "queues.h"
@@ -122,6 +123,7 @@ struct xsrc_context {
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	xsrc_odp_mrs odp_mrs;        // what ibv_advise_mr may name
+	xsrc_shm_maps shm_maps;      // peers' SysV segments attached here (peer_shm.h)
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
 	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast

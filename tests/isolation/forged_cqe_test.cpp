@@ -12,6 +12,7 @@
 
 #include <xsrc-queues.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <string>
@@ -110,6 +111,43 @@ protected:
 		std::atomic_ref<__u64>(slot.seq).store(pos + 1, std::memory_order_release);
 	}
 
+	// The big slot pool of the ring (revision 5): its busy bitmap and slots.
+	uint64_t *big_busy()
+	{
+		uint64_t off = sizeof(xsrc_cq_ring) + uint64_t(ring_->num_entries) * (sizeof(xsrc_cqe) + ring_->payload_stride);
+		return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring_) + off);
+	}
+	unsigned char *big_slot(uint32_t i)
+	{
+		return reinterpret_cast<unsigned char *>(big_busy()) + 64 + uint64_t(i) * ring_->big_stride;
+	}
+
+	// As forge(), with the payload in big slot `slot` (XSRC_CQE_DEFERRED_BIG),
+	// its busy bit set as an initiator sets it.
+	void forge_big(uint64_t va, const void *payload, uint32_t len, uint32_t slot)
+	{
+		auto *slots = reinterpret_cast<xsrc_cqe *>(ring_ + 1);
+		uint64_t pos = std::atomic_ref<__u64>(ring_->tail).fetch_add(1);
+		xsrc_cqe &cqe = slots[pos & (ring_->num_entries - 1)];
+		ASSERT_EQ(std::atomic_ref<__u64>(cqe.seq).load(), pos) << "ring slot not free";
+		xsrc_cqe c{};
+		c.wr_id = 0xb1b1;
+		c.status = IBV_WC_SUCCESS;
+		c.opcode = IBV_WC_RECV;
+		c.byte_len = len;
+		c.qp_num = qp_->qp_num;
+		c.flags = XSRC_CQE_DEFERRED_BIG;
+		c.big_slot = static_cast<__u8>(slot);
+		c.deferred_va = va;
+		if (slot < ring_->big_slots) {
+			std::atomic_ref<uint64_t>(big_busy()[slot / 64]).fetch_or(uint64_t(1) << (slot % 64));
+			std::memcpy(big_slot(slot), payload, std::min<uint32_t>(len, ring_->big_stride));
+		}
+		std::memcpy(reinterpret_cast<char *>(&cqe) + sizeof(cqe.seq),
+			    reinterpret_cast<const char *>(&c) + sizeof(c.seq), sizeof(c) - sizeof(c.seq));
+		std::atomic_ref<__u64>(cqe.seq).store(pos + 1, std::memory_order_release);
+	}
+
 	ibv_wc poll()
 	{
 		ibv_wc wc{};
@@ -174,6 +212,47 @@ TEST_F(ForgedCqe, PayloadGoesOnlyIntoOurLocalWriteMemory)
 	wc = poll();
 	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
 	EXPECT_EQ(registered_[128], '\0');
+}
+
+// The same rules for a payload in a big slot: only into our own
+// LOCAL_WRITE memory, only from a slot the ring has and only as much as a
+// slot holds; the slot is free again whatever the outcome.
+TEST_F(ForgedCqe, BigSlotPayloadGoesOnlyIntoOurLocalWriteMemory)
+{
+	ASSERT_EQ(ring_->big_slots, 64u) << "a CQ of 16 entries has 64 big slots";
+	ASSERT_EQ(ring_->big_polled, 1u) << "our provider announced that it places big payloads";
+	std::string attack(2000, 'X');
+
+	forge_big(reinterpret_cast<uintptr_t>(unregistered_), attack.data(), 200, 3);
+	ibv_wc wc = poll();
+	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
+	EXPECT_EQ(std::string(unregistered_, 200), std::string(200, '\0'));
+	EXPECT_EQ(big_busy()[0], 0u) << "the slot stays taken";
+
+	forge_big(reinterpret_cast<uintptr_t>(read_only_), attack.data(), 200, 4);
+	wc = poll();
+	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
+	EXPECT_EQ(std::string(read_only_, 200), std::string(200, '\0'));
+
+	// A slot past the pool, and more bytes than a slot holds.
+	forge_big(reinterpret_cast<uintptr_t>(registered_), attack.data(), 200, 200);
+	wc = poll();
+	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
+	forge_big(reinterpret_cast<uintptr_t>(registered_), attack.data(), ring_->big_stride + 1, 5);
+	wc = poll();
+	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
+	EXPECT_EQ(registered_[0], '\0');
+	EXPECT_EQ(big_busy()[0], 0u);
+
+	// Inside a LOCAL_WRITE MR: placed.
+	forge_big(reinterpret_cast<uintptr_t>(registered_) + 1000, attack.data(), 2000, 63);
+	wc = poll();
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+	EXPECT_EQ(wc.byte_len, 2000u);
+	EXPECT_EQ(std::string(registered_ + 1000, 2000), attack);
+	EXPECT_EQ(registered_[999], '\0');
+	EXPECT_EQ(registered_[3000], '\0');
+	EXPECT_EQ(big_busy()[0], 0u);
 }
 
 } // namespace

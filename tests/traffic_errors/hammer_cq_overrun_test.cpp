@@ -14,34 +14,6 @@ constexpr int kPairs = 4;
 constexpr int kThreads = 2;
 constexpr int kOps = 2000;
 
-// Every returned original of `n` FETCH_AND_ADD(+1) on a counter that started
-// at 0 is distinct, and together they are exactly 0 .. n-1.
-::testing::AssertionResult originals_are_a_permutation(std::vector<uint64_t> v)
-{
-	std::sort(v.begin(), v.end());
-	for (size_t i = 0; i < v.size(); ++i)
-		if (v[i] != i) {
-			auto dup = std::adjacent_find(v.begin(), v.end());
-			return ::testing::AssertionFailure()
-			       << "sorted originals differ at " << i << ": " << v[i]
-			       << (dup != v.end() ? " (duplicate original " + std::to_string(*dup) + ")" : "");
-		}
-	return ::testing::AssertionSuccess();
-}
-
-void expect_clean(const HammerResult &h, uint64_t total, const char *who)
-{
-	SCOPED_TRACE(who);
-	EXPECT_FALSE(h.timed_out) << h.first_problem;
-	EXPECT_EQ(h.posted, total);
-	EXPECT_EQ(h.completions, total) << "completions lost or duplicated";
-	EXPECT_EQ(h.errors, 0u) << h.first_problem;
-	EXPECT_EQ(h.wrong_opcode, 0u) << h.first_problem;
-	EXPECT_EQ(h.unknown, 0u) << h.first_problem;
-	EXPECT_EQ(h.duplicates, 0u) << h.first_problem;
-	EXPECT_EQ(h.missing, 0u) << h.first_problem;
-}
-
 // N QP pairs, 2 threads per QP, all doing FETCH_AND_ADD(+1) on one counter
 // in the peer: the counter ends at N*threads*K, every original is distinct,
 // every wr_id completes exactly once.

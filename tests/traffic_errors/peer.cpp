@@ -151,6 +151,17 @@ private:
 			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
 				.set("lkey", b->lkey()).set("len", b->mr->length);
 		}
+		if (cmd == "shm_mr") {  // a SysV shared memory segment filled with `fill`, all of it an MR
+			Buffer *b = v.shm_buffer(m.u64("size"), static_cast<uint32_t>(m.u64("access")),
+						 static_cast<uint8_t>(m.u64("fill", 0)));
+			mrs_.push_back(b);
+			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
+				.set("lkey", b->lkey()).set("len", b->mr->length);
+		}
+		if (cmd == "dereg") {  // a shm_mr's MR, now
+			v.dereg(at(mrs_, m.u64("mr"), "mr"));
+			return r;
+		}
 		if (cmd == "dm_mr") {  // device memory filled with `fill`, a zero-based MR on [off, off+len)
 			Verbs::DevMem d = v.dev_mem(m.u64("size"), static_cast<uint32_t>(m.u64("access")),
 						    static_cast<uint8_t>(m.u64("fill", 0)), m.u64("off", 0), m.u64("len", 0));

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 
 #include <atomic>
 #include <cerrno>
@@ -247,6 +248,35 @@ public:
 		Buffer *raw = b.get();
 		buffers_.push_back(std::move(b));
 		return raw;
+	}
+
+	// As buffer(), in a SysV shared memory segment of our own (what
+	// perftest --use_hugepages registers), removed at once so that it goes
+	// with its last attachment. dereg() may deregister its MR early.
+	Buffer *shm_buffer(size_t size, uint32_t access, uint8_t fill)
+	{
+		auto b = std::make_unique<Buffer>();
+		b->size = (size + 4095) / 4096 * 4096;
+		int id = shmget(IPC_PRIVATE, b->size, IPC_CREAT | 0600);
+		check(id >= 0, "shmget");
+		void *p = shmat(id, nullptr, 0);
+		shmctl(id, IPC_RMID, nullptr);
+		check(p != reinterpret_cast<void *>(-1), "shmat");
+		b->data = static_cast<uint8_t *>(p);
+		memset(b->data, fill, b->size);
+		undo_.push_back([p]() { return shmdt(p) ? std::string("shmdt") : ""; });
+		b->mr = ibv_reg_mr(pd, b->data, b->size, static_cast<int>(access));
+		check(b->mr != nullptr, "ibv_reg_mr");
+		Buffer *raw = b.get();
+		undo_.push_back([raw]() { return raw->mr && ibv_dereg_mr(raw->mr) ? std::string("ibv_dereg_mr") : ""; });
+		buffers_.push_back(std::move(b));
+		return raw;
+	}
+	// Deregisters a shm_buffer()'s MR now; its memory stays.
+	void dereg(Buffer *b)
+	{
+		check(ibv_dereg_mr(b->mr) == 0, "ibv_dereg_mr");
+		b->mr = nullptr;
 	}
 
 	// Device memory of `size` bytes filled with `fill`, with a zero-based MR
@@ -527,6 +557,8 @@ struct HammerResult {
 	bool timed_out = false;
 	std::string first_problem;
 };
+
+
 
 // qps.size() * threads threads; thread (q, t) posts `k` FETCH_AND_ADD(+1) on
 // (raddr, rkey) through qps[q], at most `window` outstanding, the original

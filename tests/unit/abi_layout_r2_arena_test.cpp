@@ -23,8 +23,8 @@ namespace {
 #define XSRC_R2_STRUCT(T) LayoutRow{#T, nullptr, 0, sizeof(r2::T)}
 #define XSRC_R2_FIELD(T, f) LayoutRow{#T, #f, offsetof(r2::T, f), sizeof(r2::T::f)}
 
-// Every struct of the r2 arena, and every field of its header (the one
-// struct revision 3 changed).
+// Every struct of the r2 arena, every field of its header (revision 3
+// changed it) and the reserved bytes revision 5 named in the CQ ring and CQE.
 const LayoutRow kR2Arena[] = {
 	XSRC_R2_STRUCT(xsrc_arena_header),
 	XSRC_R2_FIELD(xsrc_arena_header, magic),
@@ -40,7 +40,9 @@ const LayoutRow kR2Arena[] = {
 	XSRC_R2_STRUCT(xsrc_mr_entry),
 	XSRC_R2_STRUCT(xsrc_srq_entry),
 	XSRC_R2_STRUCT(xsrc_cq_ring),
+	XSRC_R2_FIELD(xsrc_cq_ring, reserved2),
 	XSRC_R2_STRUCT(xsrc_cqe),
+	XSRC_R2_FIELD(xsrc_cqe, reserved),
 	XSRC_R2_STRUCT(xsrc_sge),
 	XSRC_R2_STRUCT(xsrc_recv_ring),
 	XSRC_R2_STRUCT(xsrc_recv_wqe),

@@ -512,6 +512,43 @@ TEST_F(CommandsTest, CqRingsAreLaidOutForTheDataPath)
 	EXPECT_EQ(dev.cqs_by_ring.count(off), 0u);
 }
 
+// Revision 5: a CQ ring carries a pool of big payload slots past its small
+// ones, all free and not yet announced to producers (the owner's provider
+// does that); a daemon serving an older revision lays out no pool.
+TEST_F(CommandsTest, CqRingsCarryBigPayloadSlotsFromRevisionFive)
+{
+	init_context();
+	uint32_t cq;
+	uint64_t off = 0;
+	ASSERT_EQ(create_cq(100, -1, cq, &off), 0);
+	auto &ring = arena().at<xsrc_cq_ring>(off);
+	EXPECT_EQ(ring.big_slots, 128u) << "one per entry asked for, in 64s";
+	EXPECT_EQ(ring.big_stride, uint32_t(XSRC_CQ_BIG_STRIDE));
+	EXPECT_EQ(ring.big_polled, 0u) << "producers may not use the pool before the owner says it polls it";
+	uint64_t pool = sizeof(xsrc_cq_ring) + uint64_t(ring.num_entries) * (sizeof(xsrc_cqe) + ring.payload_stride);
+	auto *busy = reinterpret_cast<const uint64_t *>(reinterpret_cast<const unsigned char *>(&ring) + pool);
+	for (uint32_t w = 0; w < ring.big_slots / 64; ++w)
+		EXPECT_EQ(busy[w], 0u) << "slot word " << w;
+	// The last byte of the last slot is inside the allocation.
+	uint64_t end = pool + 64 + uint64_t(ring.big_slots) * XSRC_CQ_BIG_STRIDE;
+	uint64_t next_off = 0;
+	uint32_t next;
+	ASSERT_EQ(create_cq(1, -1, next, &next_off), 0);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(next_off).big_slots, 64u) << "at least 64";
+	uint32_t large;
+	uint64_t large_off = 0;
+	ASSERT_EQ(create_cq(4096, -1, large, &large_off), 0);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(large_off).big_slots, uint32_t(XSRC_CQ_BIG_SLOTS)) << "at most";
+	EXPECT_TRUE(next_off >= off + end || next_off < off) << "the next ring overlaps the pool";
+
+	dev.abi_revision = 4;
+	uint32_t old;
+	uint64_t old_off = 0;
+	ASSERT_EQ(create_cq(100, -1, old, &old_off), 0);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(old_off).big_slots, 0u);
+	EXPECT_EQ(arena().at<xsrc_cq_ring>(old_off).big_stride, 0u);
+}
+
 TEST_F(CommandsTest, ResizeCqInPlaceOrToANewRing)
 {
 	init_context();
