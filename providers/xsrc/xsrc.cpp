@@ -3,6 +3,7 @@
 // the pool of completion-channel pipes.
 #include "xsrc.h"
 #include "progress.h"
+#include "raw_packet.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -184,6 +185,8 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->odp_mrs);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
+	std::construct_at(&ctx->raw_lock);
+	std::construct_at(&ctx->raw);
 }
 
 // Undoes the allocation by libibverbs and the in-place construction.
@@ -192,7 +195,10 @@ struct context_deleter {
 	{
 		int saved = errno;
 
-		// The progress thread may still write to cmd_fd: stop it first.
+		// The progress and raw receive threads may still write to
+		// cmd_fd: stop them first.
+		std::destroy_at(&ctx->raw);
+		std::destroy_at(&ctx->raw_lock);
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->odp_mrs);
