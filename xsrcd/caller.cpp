@@ -1,5 +1,7 @@
 #include "caller.h"
 
+#include <linux/capability.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -53,6 +55,21 @@ pid_t tgid_of(pid_t tid)
 		if (line.rfind("Tgid:", 0) == 0)
 			return static_cast<pid_t>(std::stol(line.substr(5)));
 	return -1;
+}
+
+bool has_net_raw(pid_t tid)
+{
+	struct stat theirs, ours;
+	std::string proc = "/proc/" + std::to_string(tid);
+	if (stat((proc + "/ns/user").c_str(), &theirs) || stat("/proc/self/ns/user", &ours) ||
+	    theirs.st_ino != ours.st_ino || theirs.st_dev != ours.st_dev)
+		return false;
+	std::ifstream status(proc + "/status");
+	std::string line;
+	while (std::getline(status, line))
+		if (line.rfind("CapEff:", 0) == 0)
+			return (std::stoull(line.substr(7), nullptr, 16) >> CAP_NET_RAW) & 1;
+	return false;
 }
 
 ProcessCaller::ProcessCaller(pid_t tgid) : tgid_(tgid)

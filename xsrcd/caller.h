@@ -70,4 +70,9 @@ private:
 // Thread-group id of a thread, from /proc; -1 if it is gone.
 pid_t tgid_of(pid_t tid);
 
+// Does thread `tid` hold CAP_NET_RAW in the daemon's user namespace (the
+// kernel's capable(), which a capability inside a user namespace of its own
+// does not satisfy)? False when it is gone.
+bool has_net_raw(pid_t tid);
+
 }  // namespace xsrc

@@ -48,7 +48,7 @@ QpInit qp_init_from(const Cmd &cmd)
 	return init;
 }
 
-int check_qp_type(uint8_t type)
+int check_qp_type(uint8_t type, const Caller &caller)
 {
 	switch (type) {
 	case IBV_QPT_RC:
@@ -58,6 +58,9 @@ int check_qp_type(uint8_t type)
 	case IBV_QPT_XRC_RECV:
 		return 0;
 	case IBV_QPT_RAW_PACKET:
+		// Raw Ethernet frames on the netdev: what a raw packet socket
+		// needs, as the kernel asks of its callers.
+		return has_net_raw(caller.pid()) ? 0 : refuse(EPERM, "a raw packet QP needs CAP_NET_RAW");
 	case IBV_QPT_DRIVER:
 		return refuse(EOPNOTSUPP, "driver QPs are not supported");
 	default:
@@ -67,7 +70,7 @@ int check_qp_type(uint8_t type)
 
 bool has_receive_side(uint8_t type)
 {
-	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD;
+	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD || type == IBV_QPT_RAW_PACKET;
 }
 
 // What a QP type does not use is ignored, as the kernel ignores it: an XRC
@@ -256,7 +259,7 @@ int respond_created_qp(Caller &caller, const Request &req, uint32_t handle, cons
 
 int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &request, bool extended)
 {
-	if (int err = check_qp_type(request.qp_type))
+	if (int err = check_qp_type(request.qp_type, caller))
 		return err;
 	const QpInit init = normalise(request);
 	QpLinks links;

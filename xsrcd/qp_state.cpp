@@ -21,7 +21,8 @@ constexpr uint32_t UC = type_bit(IBV_QPT_UC);
 constexpr uint32_t UD = type_bit(IBV_QPT_UD);
 constexpr uint32_t XRC_SEND = type_bit(IBV_QPT_XRC_SEND);
 constexpr uint32_t XRC_RECV = type_bit(IBV_QPT_XRC_RECV);
-constexpr uint32_t ALL_TYPES = RC | UC | UD | XRC_SEND | XRC_RECV;
+constexpr uint32_t RAW = type_bit(IBV_QPT_RAW_PACKET);
+constexpr uint32_t ALL_TYPES = RC | UC | UD | XRC_SEND | XRC_RECV | RAW;
 
 // States, as bit sets.
 constexpr uint32_t RESET = state_bit(IBV_QPS_RESET);
@@ -65,24 +66,29 @@ constexpr Rule kRules[] = {
 
 	{RESET, IBV_QPS_INIT, RC | UC | XRC_SEND | XRC_RECV, PKEY | PORT | ACCESS, 0},
 	{RESET, IBV_QPS_INIT, UD,                            PKEY | PORT | QKEY,   0},
+	{RESET, IBV_QPS_INIT, RAW,                           PORT,                 0},
 
 	{INIT, IBV_QPS_INIT, RC | UC | XRC_SEND | XRC_RECV, 0, PKEY | PORT | ACCESS},
 	{INIT, IBV_QPS_INIT, UD,                            0, PKEY | PORT | QKEY},
+	{INIT, IBV_QPS_INIT, RAW,                           0, PORT},
 
 	{INIT, IBV_QPS_RTR, RC | XRC_RECV, CONNECT | RESPONDER, ALT | ACCESS | PKEY},
 	{INIT, IBV_QPS_RTR, UC | XRC_SEND, CONNECT,             ALT | ACCESS | PKEY},
 	{INIT, IBV_QPS_RTR, UD,            0,                   PKEY | QKEY},
+	{INIT, IBV_QPS_RTR, RAW,           0,                   0},
 
 	{RTR, IBV_QPS_RTS, RC,       REQUESTER,                      CUR | ALT | ACCESS | RNR_TIMER | MIG},
 	{RTR, IBV_QPS_RTS, XRC_SEND, REQUESTER,                      CUR | ALT | ACCESS | MIG},
 	{RTR, IBV_QPS_RTS, XRC_RECV, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN, CUR | ALT | ACCESS | RNR_TIMER | MIG},
 	{RTR, IBV_QPS_RTS, UC,       IBV_QP_SQ_PSN,                  CUR | ALT | ACCESS | MIG},
 	{RTR, IBV_QPS_RTS, UD,       IBV_QP_SQ_PSN,                  CUR | QKEY},
+	{RTR, IBV_QPS_RTS, RAW,      0,                              0},
 
 	// Running (and resuming from drained) changes only a few attributes.
 	{RTS | SQD, IBV_QPS_RTS, RC | XRC_RECV, 0, CUR | ACCESS | ALT | MIG | RNR_TIMER},
 	{RTS | SQD, IBV_QPS_RTS, UC | XRC_SEND, 0, CUR | ACCESS | ALT | MIG},
 	{RTS | SQD, IBV_QPS_RTS, UD,            0, CUR | QKEY},
+	{RTS | SQD, IBV_QPS_RTS, RAW,           0, CUR},
 
 	{RTS, IBV_QPS_SQD, ALL_TYPES, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
 

@@ -18,7 +18,8 @@ constexpr uint64_t supported_send_ops =
 #endif
 	;
 constexpr uint32_t supported_init_mask =
-	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+	IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE;
 // A UD send to a group never reaches the sending QP (mcast.cpp), so blocking
 // self loopback costs nothing; the other flags are for raw packet QPs or
 // hardware features xsrc lacks.
@@ -36,7 +37,7 @@ bool qp_has_send_queue(ibv_qp_type type)
 
 bool qp_has_recv_queue(ibv_qp_type type)
 {
-	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD;
+	return type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD || type == IBV_QPT_RAW_PACKET;
 }
 
 bool inline_allowed(ibv_wr_opcode op)
@@ -186,21 +187,43 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 		return nullptr;
 	}
 	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
-	    attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV) {
+	    attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV &&
+	    attr->qp_type != IBV_QPT_RAW_PACKET) {
 		verbs_err(vctx, "create_qp: qp_type %d is not supported\n", attr->qp_type);
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
+	// A raw packet QP's frames go out of the netdev's packet socket.
+	if (attr->qp_type == IBV_QPT_RAW_PACKET)
+		if (int err = xsrc_raw_prepare(ctx)) {
+			verbs_err(vctx, "create_qp: no packet socket for a raw packet QP: %s\n", strerror(err));
+			errno = err;
+			return nullptr;
+		}
+	// A hash QP (RSS) is, to the device, a raw packet QP without queues.
+	xsrc_rss *rss = nullptr;
+	ibv_qp_init_attr_ex hashed;
+	if (attr->comp_mask & (IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_IND_TABLE)) {
+		hashed = *attr;
+		if (int err = xsrc_rss_prepare(ctx, hashed, rss)) {
+			errno = err;
+			return nullptr;
+		}
+		attr = &hashed;
+	}
 	auto *qp = new (std::nothrow) xsrc_qp{};
 	if (!qp) {
 		verbs_err(vctx, "create_qp: no memory for the QP\n");
+		xsrc_rss_release(rss);
 		errno = ENOMEM;
 		return nullptr;
 	}
+	qp->rss = rss;
 	ibv_qp_cap asked = attr->cap;
 	struct ibv_create_qp_ex cmd{};
 	verbs_drv_buf<ib_uverbs_ex_create_qp_resp, xsrc_create_qp_resp> resp;
 	if (int err = ibv_cmd_create_qp_ex2(ibctx, &qp->vqp, attr, &cmd, sizeof(cmd), resp.core(), resp.size)) {
+		xsrc_rss_release(qp->rss);
 		delete qp;
 		if (err == EINVAL)
 			qp_explain_caps(ctx, asked);
@@ -216,6 +239,8 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
 	qp->srq = has_rq && attr->srq ? to_xsrc_srq(attr->srq) : nullptr;
 	qp->type = attr->qp_type;
+	if (qp->type == IBV_QPT_RAW_PACKET)
+		qp->engine = &xsrc_raw_transport;
 	qp->max_send_wr = attr->cap.max_send_wr;
 	qp->max_send_sge = attr->cap.max_send_sge;
 	qp->max_recv_sge = attr->cap.max_recv_sge;
@@ -233,10 +258,13 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	}
 	if (err) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
+		xsrc_rss_release(qp->rss);
 		delete qp;
 		errno = err;
 		return nullptr;
 	}
+	if (qp->rss)
+		xsrc_rss_bind(qp->rss);
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
 		xsrc_qp_wr_set_ops(qp->vqp.qp_ex);
 		qp->vqp.comp_mask |= VERBS_QP_EX;
@@ -253,6 +281,8 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 
 bool xsrc_qp_opcode_allowed(ibv_qp_type type, ibv_wr_opcode op)
 {
+	if (type == IBV_QPT_RAW_PACKET)  // a frame is all a raw packet QP sends
+		return op == IBV_WR_SEND;
 	switch (op) {
 	case IBV_WR_SEND:
 	case IBV_WR_SEND_WITH_IMM:
@@ -396,6 +426,11 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	xsrc_context *ctx = to_xsrc_ctx(ibqp->context);
+	// Flows hold their QP, as in the kernel: destroy them first.
+	if (xsrc_raw_qp_has_flows(ctx, qp)) {
+		verbs_err(qp_vctx(qp), "destroy_qp: QP %u still has flows\n", qp->qpn.value());
+		return EBUSY;
+	}
 	xsrc_progress_forget(ctx, qp);
 	if (int err = xsrc_destroy_status(ctx, ibv_cmd_destroy_qp(ibqp))) {
 		verbs_err(qp_vctx(qp), "destroy_qp: the device refused QP %u: %s\n", qp->qpn.value(), strerror(err));
@@ -403,6 +438,7 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 	}
 	xsrc_context_remove_qp(ctx, qp);
 	xsrc_parent_domain_release(qp->parent_domain);
+	xsrc_rss_release(qp->rss);
 	delete qp;
 	return 0;
 }

@@ -3,6 +3,7 @@
 // the pool of completion-channel pipes.
 #include "xsrc.h"
 #include "progress.h"
+#include "raw_packet.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -227,6 +228,8 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->async_wr);
 	std::construct_at(&ctx->device_dead, false);
 	std::construct_at(&ctx->death_watch);
+	std::construct_at(&ctx->raw_lock);
+	std::construct_at(&ctx->raw);
 }
 
 // Undoes the allocation by libibverbs and the in-place construction.
@@ -235,8 +238,11 @@ struct context_deleter {
 	{
 		int saved = errno;
 
-		// The watch and progress threads use cmd_fd: stop them first.
+		// The watch, raw receive and progress threads use cmd_fd:
+		// stop them first.
 		std::destroy_at(&ctx->death_watch);
+		std::destroy_at(&ctx->raw);
+		std::destroy_at(&ctx->raw_lock);
 		std::destroy_at(&ctx->progress);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->shm_maps);

@@ -61,6 +61,7 @@ struct xsrc_comp_channels {
 
 namespace xsrc {
 class Progress;
+class RawPort;
 class DeathWatch;
 // Stops and joins the watch thread (device_death.cpp).
 struct DeathWatchDeleter {
@@ -134,6 +135,8 @@ struct xsrc_context {
 	xsrc::unique_fd async_wr;    // our own write end of the async pipe (DEVICE_FATAL)
 	std::atomic<bool> device_dead; // xsrcd died: posts fail with EIO (device_death.cpp)
 	std::unique_ptr<xsrc::DeathWatch, xsrc::DeathWatchDeleter> death_watch;
+	std::mutex raw_lock;
+	std::unique_ptr<xsrc::RawPort> raw;  // made with the first raw packet QP (raw_packet.h)
 };
 
 // Completions of a QP reset after they were written: positions below `until`.
@@ -252,6 +255,8 @@ struct xsrc_ah {
 	bool multicast;              // attr.grh.dgid is a multicast group (mcast.cpp)
 };
 
+struct xsrc_rss;
+
 struct xsrc_qp {
 	verbs_qp vqp;
 	xsrc::Qpn qpn;
@@ -261,6 +266,7 @@ struct xsrc_qp {
 	xsrc_cq *send_cq;
 	xsrc_cq *recv_cq;
 	xsrc_srq *srq;
+	xsrc_rss *rss = nullptr;     // a hash QP's table, key and fields (rss.cpp)
 	ibv_qp_type type;
 	uint32_t max_send_wr, max_send_sge, max_recv_sge, max_inline_data;
 	bool sq_sig_all;
@@ -405,6 +411,33 @@ int xsrc_dealloc_parent_domain(xsrc_parent_domain *pd);
 ibv_xrcd *xsrc_open_xrcd(ibv_context *ibctx, ibv_xrcd_init_attr *attr);
 int xsrc_close_xrcd(ibv_xrcd *xrcd);
 ibv_qp *xsrc_open_qp(ibv_context *ibctx, ibv_qp_open_attr *attr);
+
+// raw_packet.cpp: raw packet QPs and the flows that steer frames to them.
+extern const xsrc_transport xsrc_raw_transport;
+// Opens the context's RawPort (its netdev's packet socket) if not yet open.
+int xsrc_raw_prepare(xsrc_context *ctx);
+bool xsrc_raw_qp_has_flows(xsrc_context *ctx, const xsrc_qp *qp);
+void xsrc_raw_receive(xsrc_context *ctx, xsrc_qp *qp, const uint8_t *frame, size_t len) noexcept;
+// One frame into the buffers of `rwqe` (its lkeys checked against `pd`),
+// then its completion on `cq`.
+void xsrc_raw_scatter(xsrc_context *ctx, const xsrc::RecvWqe &rwqe, xsrc::PdId pd, const uint8_t *frame, size_t len,
+		      xsrc_cq_ring *cq, xsrc::Qpn qpn) noexcept;
+
+// rss.cpp: receive WQs, indirection tables and hash QPs over raw packet QPs.
+constexpr size_t XSRC_RSS_KEY_MAX = 40;  // a Toeplitz key, as NICs take
+ibv_wq *xsrc_create_wq(ibv_context *ibctx, ibv_wq_init_attr *attr);
+int xsrc_modify_wq(ibv_wq *wq, ibv_wq_attr *attr);
+int xsrc_destroy_wq(ibv_wq *wq);
+ibv_rwq_ind_table *xsrc_create_rwq_ind_table(ibv_context *ibctx, ibv_rwq_ind_table_init_attr *attr);
+int xsrc_destroy_rwq_ind_table(ibv_rwq_ind_table *table);
+// Checks a hash QP's RX_HASH / IND_TABLE attributes and turns `attr` into
+// the device's QP behind it (raw, no queues). Returns 0 or an errno.
+int xsrc_rss_prepare(xsrc_context *ctx, ibv_qp_init_attr_ex &attr, xsrc_rss *&out);
+void xsrc_rss_bind(xsrc_rss *rss);     // the QP exists: its table is in use
+void xsrc_rss_release(xsrc_rss *rss);  // null: nothing
+void xsrc_rss_receive(xsrc_context *ctx, xsrc_qp *qp, const uint8_t *frame, size_t len) noexcept;
+ibv_flow *xsrc_create_flow(ibv_qp *qp, ibv_flow_attr *attr);
+int xsrc_destroy_flow(ibv_flow *flow);
 
 // ah.cpp
 ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr);
