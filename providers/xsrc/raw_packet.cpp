@@ -47,13 +47,15 @@ bool masked_equal(const T &field, const T &value, const T &mask)
 	return masked_equal(&field, &value, &mask, sizeof(T));
 }
 
-// The spec that follows `at` (`left` bytes of specs remain), or null.
+// A spec is at least its type's struct (a larger one carries zeros the
+// device ignores, as the kernel's copy allows), and no larger than this.
+constexpr uint16_t kMaxSpecBytes = 256;
+
+// The spec at `at` as a `Spec`, or null when its size is too small for one.
 template <typename Spec>
-const Spec *spec_as(const ibv_flow_spec *at, size_t left)
+const Spec *spec_as(const ibv_flow_spec *at)
 {
-	if (at->hdr.size < sizeof(Spec) || at->hdr.size > left)
-		return nullptr;
-	return reinterpret_cast<const Spec *>(at);
+	return at->hdr.size < sizeof(Spec) ? nullptr : reinterpret_cast<const Spec *>(at);
 }
 
 }  // namespace
@@ -102,16 +104,15 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 	}
 	if (attr.type != IBV_FLOW_ATTR_NORMAL)
 		return EOPNOTSUPP;
-	if (attr.size < sizeof(attr))
-		return EINVAL;
-	size_t left = attr.size - sizeof(attr);
+	// The specs follow the attribute, each sized by its own header (as
+	// libibverbs walks them; attr.size is not filled in by every caller).
 	auto *at = reinterpret_cast<const ibv_flow_spec *>(&attr + 1);
 	for (uint8_t i = 0; i < attr.num_of_specs; ++i) {
-		if (left < sizeof(at->hdr) || at->hdr.size < sizeof(at->hdr) || at->hdr.size > left)
+		if (at->hdr.size < sizeof(at->hdr) || at->hdr.size > kMaxSpecBytes)
 			return EINVAL;
 		switch (at->hdr.type) {
 		case IBV_FLOW_SPEC_ETH: {
-			auto *s = spec_as<ibv_flow_spec_eth>(at, left);
+			auto *s = spec_as<ibv_flow_spec_eth>(at);
 			if (!s || out.has_eth)
 				return EINVAL;
 			out.has_eth = true;
@@ -131,13 +132,13 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 				return EINVAL;
 			out.has_ipv4 = true;
 			if (at->hdr.type == IBV_FLOW_SPEC_IPV4) {
-				auto *s = spec_as<ibv_flow_spec_ipv4>(at, left);
+				auto *s = spec_as<ibv_flow_spec_ipv4>(at);
 				if (!s)
 					return EINVAL;
 				out.ipv4_val = {s->val.src_ip, s->val.dst_ip, 0, 0, 0, 0};
 				out.ipv4_mask = {s->mask.src_ip, s->mask.dst_ip, 0, 0, 0, 0};
 			} else {
-				auto *s = spec_as<ibv_flow_spec_ipv4_ext>(at, left);
+				auto *s = spec_as<ibv_flow_spec_ipv4_ext>(at);
 				if (!s)
 					return EINVAL;
 				out.ipv4_val = {s->val.src_ip, s->val.dst_ip, s->val.proto, s->val.tos, s->val.ttl,
@@ -148,7 +149,7 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 			break;
 		}
 		case IBV_FLOW_SPEC_IPV6: {
-			auto *s = spec_as<ibv_flow_spec_ipv6>(at, left);
+			auto *s = spec_as<ibv_flow_spec_ipv6>(at);
 			if (!s || out.has_ipv4 || out.has_ipv6)
 				return EINVAL;
 			out.has_ipv6 = true;
@@ -168,7 +169,7 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 		}
 		case IBV_FLOW_SPEC_TCP:
 		case IBV_FLOW_SPEC_UDP: {
-			auto *s = spec_as<ibv_flow_spec_tcp_udp>(at, left);
+			auto *s = spec_as<ibv_flow_spec_tcp_udp>(at);
 			if (!s || out.has_tcp || out.has_udp)
 				return EINVAL;
 			(at->hdr.type == IBV_FLOW_SPEC_TCP ? out.has_tcp : out.has_udp) = true;
@@ -179,7 +180,6 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 		default:  // tunnels, MPLS, ESP, actions, inner headers
 			return EOPNOTSUPP;
 		}
-		left -= at->hdr.size;
 		at = reinterpret_cast<const ibv_flow_spec *>(reinterpret_cast<const uint8_t *>(at) + at->hdr.size);
 	}
 	return 0;

@@ -570,18 +570,18 @@ TEST_F(RawPacket, FlowRefusals)
 	errno = 0;
 	EXPECT_EQ(ibv_create_flow(qp, &t.attr), nullptr);
 	EXPECT_EQ(errno, EOPNOTSUPP);
-	// A spec whose size runs past the attribute's.
+	// A spec smaller than its type's; a port the device does not have.
 	struct {
 		ibv_flow_attr attr;
 		ibv_flow_spec_eth eth;
 	} e{};
-	e.attr = {0, IBV_FLOW_ATTR_NORMAL, sizeof(e) - 4, 0, 1, 1, 0};
+	e.attr = {0, IBV_FLOW_ATTR_NORMAL, sizeof(e), 0, 1, 1, 0};
 	e.eth.type = IBV_FLOW_SPEC_ETH;
-	e.eth.size = sizeof(e.eth);
+	e.eth.size = sizeof(e.eth) - 4;
 	errno = 0;
 	EXPECT_EQ(ibv_create_flow(qp, &e.attr), nullptr);
 	EXPECT_EQ(errno, EINVAL);
-	e.attr.size = sizeof(e);
+	e.eth.size = sizeof(e.eth);
 	e.attr.port = 2;
 	errno = 0;
 	EXPECT_EQ(ibv_create_flow(qp, &e.attr), nullptr);
