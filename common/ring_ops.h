@@ -1,0 +1,185 @@
+// The lock-free operations on the rings of the device arena
+// (kernel-abi/xsrc-queues.h): CQ rings (many producers, one consumer) and
+// receive rings (one producer, many consumers). The provider's data path
+// and the daemon (which delivers what arrives from the wire) share them.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <xsrc-queues.h>
+
+#include <sched.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/atomic.h"
+
+namespace xsrc {
+
+// --- CQ ring ---------------------------------------------------------------
+
+inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
+	return &slots[pos & (ring->num_entries - 1)];
+}
+
+inline unsigned char *cq_payload(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(cq_slot(ring, 0));
+	return slots + uint64_t(ring->num_entries) * sizeof(xsrc_cqe) +
+	       (pos & (ring->num_entries - 1)) * ring->payload_stride;
+}
+
+// A payload that travels with a completion (XSRC_CQE_DEFERRED): gathered
+// from these buffers of ours into the slot.
+struct CqPayload {
+	const struct iovec *iov = nullptr;
+	size_t count = 0;
+};
+
+// Appends a completion. False when the CQ is full (an overrun).
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {})
+{
+	auto tail = atomic(ring->tail);
+	__u64 pos = tail.load(std::memory_order_relaxed);
+	for (;;) {
+		xsrc_cqe *slot = cq_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - pos);
+		if (dif == 0) {
+			// The application's cqe, not the ring's capacity, is the limit.
+			uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+			if (static_cast<int64_t>(pos - head) < 0) {
+				pos = tail.load(std::memory_order_relaxed);  // ours is stale
+				continue;
+			}
+			if (pos - head >= ring->cqe)
+				return false;
+			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
+					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
+					    sizeof(cqe) - sizeof(cqe.seq));
+				unsigned char *dst = payload.count ? cq_payload(ring, pos) : nullptr;
+				for (size_t i = 0; i < payload.count; ++i) {
+					std::memcpy(dst, payload.iov[i].iov_base, payload.iov[i].iov_len);
+					dst += payload.iov[i].iov_len;
+				}
+				atomic(slot->seq).store(pos + 1, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			return false;
+		} else {
+			pos = tail.load(std::memory_order_relaxed);
+		}
+	}
+}
+
+// Takes the oldest completion (the owner is the only consumer). A payload
+// that travels with it is placed only where may_write(va, len) says this
+// process registered memory for it: the ring is in the arena, which any
+// process can write, so deferred_va is never trusted by itself. A payload
+// that may not be placed turns the completion into IBV_WC_LOC_PROT_ERR.
+template <typename MayWrite>
+inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
+{
+	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
+	xsrc_cqe *slot = cq_slot(ring, pos);
+	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
+		return false;
+	out = *slot;
+	if (out.flags & XSRC_CQE_DEFERRED) {
+		if (out.byte_len <= ring->payload_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos),
+				    out.byte_len);
+		} else {
+			out.status = IBV_WC_LOC_PROT_ERR;
+			out.byte_len = 0;
+		}
+	}
+	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+	atomic(ring->head).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// --- receive ring ----------------------------------------------------------
+
+inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(ring + 1);
+	return reinterpret_cast<xsrc_recv_wqe *>(slots + (pos & (ring->num_entries - 1)) * ring->stride);
+}
+
+inline xsrc_sge *recv_sges(xsrc_recv_wqe *wqe)
+{
+	return reinterpret_cast<xsrc_sge *>(wqe + 1);
+}
+
+inline uint64_t recv_count(xsrc_recv_ring *ring)
+{
+	return atomic(ring->tail).load(std::memory_order_acquire) -
+	       atomic(ring->head).load(std::memory_order_acquire);
+}
+
+// Posts a receive (the owner is the only producer). False when full.
+inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
+{
+	uint64_t pos = atomic(ring->tail).load(std::memory_order_relaxed);
+	uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+	if (pos - head >= ring->max_wr)
+		return false;
+	xsrc_recv_wqe *slot = recv_slot(ring, pos);
+	// A consumer that claimed this slot a lap ago may still be copying it
+	// out (or was preempted doing so): give it a moment.
+	constexpr unsigned kMaxSpins = 4096, kSpinsPerYield = 64;
+	for (unsigned spins = 0; atomic(slot->seq).load(std::memory_order_acquire) != pos; ++spins) {
+		if (spins == kMaxSpins)
+			return false;
+		if (spins % kSpinsPerYield == kSpinsPerYield - 1)
+			sched_yield();
+	}
+	slot->wr_id = wr_id;
+	slot->num_sge = num_sge;
+	std::memcpy(recv_sges(slot), sge, num_sge * sizeof(xsrc_sge));
+	atomic(slot->seq).store(pos + 1, std::memory_order_release);
+	atomic(ring->tail).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// A receive WQE copied out of a ring.
+struct RecvWqe {
+	uint64_t wr_id = 0;
+	uint32_t num_sge = 0;
+	xsrc_sge sge[XSRC_MAX_RECV_SGE];
+};
+
+// Claims the oldest posted receive (any process may consume). False if none.
+inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out)
+{
+	auto head = atomic(ring->head);
+	__u64 pos = head.load(std::memory_order_relaxed);
+	for (;;) {
+		xsrc_recv_wqe *slot = recv_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - (pos + 1));
+		if (dif == 0) {
+			if (head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				out.wr_id = slot->wr_id;
+				out.num_sge = slot->num_sge <= XSRC_MAX_RECV_SGE ? slot->num_sge : 0;
+				std::memcpy(out.sge, recv_sges(slot), out.num_sge * sizeof(xsrc_sge));
+				atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			return false;
+		} else {
+			pos = head.load(std::memory_order_relaxed);
+		}
+	}
+}
+
+}  // namespace xsrc
