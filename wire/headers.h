@@ -212,6 +212,8 @@ std::array<uint8_t, kGrhBytes> grh_from_ip(std::span<const uint8_t> ip_header);
 // checksum; BTH FECN/BECN/resv6) set to ones, then the rest. Nothing for a
 // packet too short to hold IP + UDP + BTH.
 std::optional<uint32_t> icrc(std::span<const uint8_t> packet);
+// Continues an ICRC (from icrc()) over more of the packet.
+uint32_t icrc_continue(uint32_t crc, std::span<const uint8_t> bytes);
 // Stores / loads the ICRC as it travels (little-endian).
 void store_icrc(uint32_t crc, std::span<uint8_t, kIcrcBytes> out);
 uint32_t load_icrc(std::span<const uint8_t, kIcrcBytes> in);

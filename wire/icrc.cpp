@@ -53,6 +53,11 @@ std::optional<uint32_t> icrc(std::span<const uint8_t> packet)
 	return crc_update(crc, packet.data() + masked_bytes, packet.size() - masked_bytes);
 }
 
+uint32_t icrc_continue(uint32_t crc, std::span<const uint8_t> bytes)
+{
+	return bytes.empty() ? crc : crc_update(crc, bytes.data(), bytes.size());
+}
+
 void store_icrc(uint32_t crc, std::span<uint8_t, kIcrcBytes> out)
 {
 	for (size_t i = 0; i < kIcrcBytes; ++i)

@@ -184,6 +184,7 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->odp_mrs);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
+	std::construct_at(&ctx->wire);
 }
 
 // Undoes the allocation by libibverbs and the in-place construction.
@@ -194,6 +195,7 @@ struct context_deleter {
 
 		// The progress thread may still write to cmd_fd: stop it first.
 		std::destroy_at(&ctx->progress);
+		std::destroy_at(&ctx->wire);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->odp_mrs);
 		std::destroy_at(&ctx->local_mrs);
