@@ -37,7 +37,15 @@ start_capture() {
   bad "tcpdump did not start: $(cat "$1.log")"
 }
 stop_capture() {
-  sleep 0.3  # the last packets reach the file
+  # tcpdump may lag behind on a loaded machine, and what it has not read
+  # when interrupted is lost: wait until the file stops growing.
+  local size=-1 now
+  for _ in $(seq 50); do
+    sleep 0.5
+    now=$(stat -c %s "$1")
+    [ "$now" = "$size" ] && break
+    size=$now
+  done
   kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
   grep -E "captured|dropped" "$1.log"
 }
