@@ -41,12 +41,19 @@ struct CqPayload {
 	size_t count = 0;
 };
 
-// Appends a completion. False when the CQ is full (an overrun).
-inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {})
+// No bound on the retries of a lock-free loop (the provider: the other
+// side is a peer process of the device that makes progress).
+inline constexpr unsigned kUnboundedTries = ~0u;
+
+// Appends a completion. False when the CQ is full (an overrun), or after
+// `max_tries` lost races (the daemon bounds them: a process could forge the
+// ring's sequence numbers to keep it looping).
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
+		    unsigned max_tries = kUnboundedTries)
 {
 	auto tail = atomic(ring->tail);
 	__u64 pos = tail.load(std::memory_order_relaxed);
-	for (;;) {
+	for (unsigned tries = 0; tries != max_tries; ++tries) {
 		xsrc_cqe *slot = cq_slot(ring, pos);
 		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
 		int64_t dif = static_cast<int64_t>(seq - pos);
@@ -77,6 +84,7 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 			pos = tail.load(std::memory_order_relaxed);
 		}
 	}
+	return false;
 }
 
 // Takes the oldest completion (the owner is the only consumer). A payload
@@ -157,12 +165,13 @@ struct RecvWqe {
 	xsrc_sge sge[XSRC_MAX_RECV_SGE];
 };
 
-// Claims the oldest posted receive (any process may consume). False if none.
-inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out)
+// Claims the oldest posted receive (any process may consume). False if
+// none, or after `max_tries` lost races (as cq_push).
+inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kUnboundedTries)
 {
 	auto head = atomic(ring->head);
 	__u64 pos = head.load(std::memory_order_relaxed);
-	for (;;) {
+	for (unsigned tries = 0; tries != max_tries; ++tries) {
 		xsrc_recv_wqe *slot = recv_slot(ring, pos);
 		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
 		int64_t dif = static_cast<int64_t>(seq - (pos + 1));
@@ -180,6 +189,7 @@ inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out)
 			pos = head.load(std::memory_order_relaxed);
 		}
 	}
+	return false;
 }
 
 }  // namespace xsrc

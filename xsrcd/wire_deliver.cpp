@@ -130,12 +130,34 @@ ibv_wc_status scatter(Device &dev, Context &owner, PdId pd, const RecvWqe &rwqe,
 	return capacity < len ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
 }
 
+// Lost races a ring operation of the daemon retries before it gives up.
+constexpr unsigned kRingTries = 1024;
+
+// The arena is writable by every process of the device: the geometry in a
+// ring's header must fit the allocation the daemon made for it before the
+// daemon indexes slots with it.
+bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &r)
+{
+	uint64_t n = r.num_entries;
+	return n && (n & (n - 1)) == 0 && r.stride >= sizeof(xsrc_recv_wqe) &&
+	       sizeof(r) + n * r.stride <= arena.allocation_bytes(off);
+}
+
+bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &r)
+{
+	uint64_t n = r.num_entries;
+	return n && (n & (n - 1)) == 0 &&
+	       sizeof(r) + n * (sizeof(xsrc_cqe) + uint64_t(r.payload_stride)) <= arena.allocation_bytes(off);
+}
+
 // Appends `cqe` to the CQ and wakes its channel if armed for it (as the
 // provider's xsrc_cq_complete does, with the daemon's own event calls).
 void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe)
 {
 	auto *ring = &dev.arena->at<xsrc_cq_ring>(cq.ring_off);
-	if (!cq_push(ring, cqe)) {
+	if (!cq_ring_fits(*dev.arena, cq.ring_off, *ring))
+		return;  // a forged ring: its owner gets nothing more from us
+	if (!cq_push(ring, cqe, {}, kRingTries)) {
 		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
 			post_cq_event(owner, cq, IBV_EVENT_CQ_ERR);
 		return;
@@ -181,7 +203,7 @@ WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
 		return WireOutcome::dropped;
 	auto *ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
 	RecvWqe rwqe;
-	if (!recv_pop(ring, rwqe))
+	if (!recv_ring_fits(*dev.arena, ring_off, *ring) || !recv_pop(ring, rwqe, kRingTries))
 		return WireOutcome::dropped;  // no receive posted: UD loses it
 	if (srq)
 		check_srq_limit(owner, *srq, ring);

@@ -246,5 +246,31 @@ TEST_F(WireDeliverTest, BadLkeyCompletesLocProtErr)
 	EXPECT_EQ(c->status, IBV_WC_LOC_PROT_ERR);
 }
 
+// The rings are in the arena, which every process of the device may write:
+// geometry that does not fit the daemon's allocation is never indexed.
+TEST_F(WireDeliverTest, ForgedReceiveRingGeometryIsNotUsed)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	uint32_t entries = rq()->num_entries;
+	rq()->num_entries = 1u << 30;
+	EXPECT_EQ(deliver({}), WireOutcome::dropped);
+	rq()->num_entries = entries;
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rq()), 1u);
+}
+
+TEST_F(WireDeliverTest, ForgedCqRingGeometryGetsNoCompletion)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	auto &ring = arena().at<xsrc_cq_ring>(cq0_ring);
+	uint32_t entries = ring.num_entries;
+	ring.num_entries = 1u << 30;
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	ring.num_entries = entries;
+	EXPECT_FALSE(completion());
+}
+
 }  // namespace
 }  // namespace xsrc::test
