@@ -87,11 +87,12 @@ protected:
 		lkey = mr_resp.lkey;
 	}
 
-	void to_rtr()
+	void to_rtr(uint32_t handle = 0)
 	{
-		ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_INIT,
+		handle = handle ? handle : qp.handle;
+		ASSERT_EQ(modify_qp(modify_cmd(handle, IBV_QPS_INIT,
 					       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)), 0);
-		ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RTR, IBV_QP_STATE)), 0);
+		ASSERT_EQ(modify_qp(modify_cmd(handle, IBV_QPS_RTR, IBV_QP_STATE)), 0);
 	}
 
 	void post_recv(uint32_t len, uint32_t key = 0)
@@ -244,6 +245,34 @@ TEST_F(WireDeliverTest, BadLkeyCompletesLocProtErr)
 	std::optional<xsrc_cqe> c = completion();
 	ASSERT_TRUE(c);
 	EXPECT_EQ(c->status, IBV_WC_LOC_PROT_ERR);
+}
+
+TEST_F(WireDeliverTest, QpOnAnSrqTakesTheSrqsReceiveAndRaisesItsLimit)
+{
+	uint32_t srq = 0;
+	xsrc_create_srq_resp srq_drv{};
+	ASSERT_EQ(create_srq(pd0, 8, 1, srq, nullptr, &srq_drv), 0);
+	QpSpec spec = qp_spec(IBV_QPT_UD);
+	spec.srq = srq;
+	CreatedQp on_srq;
+	ASSERT_EQ(create_qp(spec, on_srq), 0);
+	to_rtr(on_srq.handle);
+	auto *ring = &arena().at<xsrc_recv_ring>(srq_drv.ring_off);
+	xsrc_sge sge{reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+	ASSERT_TRUE(recv_push(ring, 9, &sge, 1));
+	ASSERT_TRUE(recv_push(ring, 10, &sge, 1));
+	ring->srq_limit = 2;  // armed: fires when fewer than 2 are left
+	EXPECT_TRUE(async.drain().empty());
+	EXPECT_EQ(deliver({.qpn = on_srq.qpn}), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->wr_id, 9u);
+	EXPECT_EQ(c->qp_num, on_srq.qpn);
+	EXPECT_EQ(recv_count(ring), 1u);
+	EXPECT_EQ(ring->srq_limit, 0u);  // disarmed as it fired
+	EXPECT_FALSE(async.drain().empty());
+	ASSERT_EQ(destroy_qp(on_srq.handle), 0);
 }
 
 // The rings are in the arena, which every process of the device may write:
