@@ -97,7 +97,9 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 	r->deliver_ = std::move(deliver);
 	r->impl_ = std::make_unique<Impl>();
 	Impl &impl = *r->impl_;
-	impl.packets.reset(::socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, htons(ETH_P_ALL)));
+	// Protocol 0 takes no packet until bind(), after the filter is attached:
+	// nothing unfiltered is queued in between.
+	impl.packets.reset(::socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
 	if (!impl.packets) {
 		err = errno;
 		return nullptr;
@@ -158,13 +160,18 @@ WireReceiver::~WireReceiver()
 
 void WireReceiver::handle(std::span<const uint8_t> ip_packet)
 {
-	// The IP header's own length: a frame may carry Ethernet padding.
-	size_t len = 0;
-	if (ip_packet.size() >= w::kIpv4Bytes && ip_packet[0] >> 4 == 4)
+	// The IP header's own length: a frame may carry Ethernet padding. Only
+	// UDP to 4791 counts (the socket's filter lets nothing else through).
+	size_t len = 0, ip_len = 0;
+	if (ip_packet.size() >= w::kIpv4Bytes && ip_packet[0] == 0x45 && ip_packet[9] == w::kIpProtoUdp) {
 		len = size_t(ip_packet[2]) << 8 | ip_packet[3];
-	else if (ip_packet.size() >= w::kIpv6Bytes && ip_packet[0] >> 4 == 6)
+		ip_len = w::kIpv4Bytes;
+	} else if (ip_packet.size() >= w::kIpv6Bytes && ip_packet[0] >> 4 == 6 && ip_packet[6] == w::kIpProtoUdp) {
 		len = w::kIpv6Bytes + (size_t(ip_packet[4]) << 8 | ip_packet[5]);
-	if (len == 0 || len > ip_packet.size())
+		ip_len = w::kIpv6Bytes;
+	}
+	if (len < ip_len + w::kUdpBytes || len > ip_packet.size() ||
+	    w::decode_udp(ip_packet.subspan(ip_len).first<w::kUdpBytes>()).dst_port != w::kRoceV2Port)
 		return;
 	ip_packet = ip_packet.first(len);
 	counters_.received.fetch_add(1, std::memory_order_relaxed);
