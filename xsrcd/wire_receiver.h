@@ -37,11 +37,10 @@ public:
 
 	const WireCounters &counters() const { return counters_; }
 
-	// One packet as the thread handles it (tests drive it directly).
-	void handle(std::span<const uint8_t> ip_packet);
-
 private:
 	WireReceiver() = default;
+	// One packet off the socket: counted, its ICRC checked, delivered.
+	void handle(std::span<const uint8_t> ip_packet);
 	struct Impl;
 	std::unique_ptr<Impl> impl_;
 	Deliver deliver_;
