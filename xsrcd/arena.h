@@ -91,6 +91,12 @@ public:
 	// Returns an allocation (quarantined first). Unknown offsets are ignored.
 	void release(uint64_t off);
 	bool allocated(uint64_t off) const { return allocations_.count(off) != 0; }
+	// Bytes of the allocation at `off`; 0 for an unknown offset.
+	uint64_t allocation_bytes(uint64_t off) const
+	{
+		auto it = allocations_.find(off);
+		return it == allocations_.end() ? 0 : it->second * kArenaPage;
+	}
 
 	uint64_t free_pages() const { return pages_.free_pages(); }
 	uint64_t quarantined_pages() const { return pages_.quarantined_pages(); }

@@ -16,6 +16,7 @@
 #include "dispatcher_handlers.h"
 #include "dispatcher.h"
 #include "device.h"
+#include "wire_deliver.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
@@ -101,6 +102,37 @@ Daemon::~Daemon()
 	remove_all_devices();
 }
 
+void Daemon::start_wire_receiver(const std::string &name, int ifindex)
+{
+	int err = 0;
+	auto receiver = WireReceiver::start(
+		ifindex,
+		[this, name](std::span<const uint8_t> packet) {
+			auto lock = this->lock();
+			Device *dev = find_device_locked(name);
+			return dev ? wire_deliver(*dev, packet) : WireOutcome::dropped;
+		},
+		err);
+	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
+	// works on this host alone; `xsrc status` says so.
+	std::lock_guard guard(wire_mu_);
+	wire_receivers_[name] = std::move(receiver);
+}
+
+void Daemon::stop_wire_receiver(const std::string &name)
+{
+	std::unique_ptr<WireReceiver> receiver;
+	{
+		std::lock_guard guard(wire_mu_);
+		auto it = wire_receivers_.find(name);
+		if (it == wire_receivers_.end())
+			return;
+		receiver = std::move(it->second);
+		wire_receivers_.erase(it);
+	}
+	// Joined here: its thread may be waiting for mu_, which we do not hold.
+}
+
 Device *Daemon::find_device_locked(const std::string &name)
 {
 	auto it = devices_.find(name);
@@ -165,7 +197,10 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 		error = std::string("cannot write the rdma_cm sysfs view: ") + strerror(err);
 		return err;
 	}
+	int ifindex = dev->netdev.ifindex;
 	devices_.emplace(name, std::move(dev));
+	lock.unlock();
+	start_wire_receiver(name, ifindex);
 	return 0;
 }
 
@@ -206,6 +241,7 @@ int Daemon::remove_device(const std::string &name)
 			sysfs_view_remove_cm(sysfs_root_);
 		removed = device_removed_;
 	}
+	stop_wire_receiver(name);
 	if (removed)  // outside our lock: the cm asks for devices under its own
 		removed(name);
 	return 0;
@@ -225,6 +261,8 @@ void Daemon::remove_all_devices()
 		sysfs_view_remove_cm(sysfs_root_);
 		removed = device_removed_;
 	}
+	for (const std::string &name : names)
+		stop_wire_receiver(name);
 	if (removed)
 		for (const std::string &name : names)
 			removed(name);
@@ -248,7 +286,17 @@ std::string Daemon::status()
 		}
 		out << name << " uverbs" << dev->uverbs_index << " netdev=" << dev->netdev.name
 		    << " port=" << (dev->view.port.active ? "ACTIVE" : "DOWN")
-		    << " contexts=" << dev->contexts.size() << " objects=" << objects << "\n";
+		    << " contexts=" << dev->contexts.size() << " objects=" << objects;
+		std::lock_guard guard(wire_mu_);
+		auto it = wire_receivers_.find(name);
+		if (it != wire_receivers_.end() && it->second) {
+			const WireCounters &c = it->second->counters();
+			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
+			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load();
+		} else {
+			out << " wire=off";
+		}
+		out << "\n";
 	}
 	return out.str();
 }

@@ -17,6 +17,7 @@
 
 #include "cm.h"
 #include "objects.h"
+#include "wire_receiver.h"
 
 namespace xsrc {
 
@@ -72,6 +73,10 @@ private:
 	Device *find_device_locked(const std::string &name);
 	void stop_watching_owner(Context &ctx);
 	void detach_device_locked(Device &dev);
+	// RoCE v2 from the device's netdev (wire_receiver.h): started with the
+	// device, stopped after it is gone (outside mu_: its thread takes mu_).
+	void start_wire_receiver(const std::string &name, int ifindex);
+	void stop_wire_receiver(const std::string &name);
 
 	std::mutex mu_;
 	std::atomic<unsigned> waiting_{0};  // threads blocked in lock()
@@ -84,6 +89,8 @@ private:
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
 	unique_fd owner_watch_;  // epoll over the owners' pidfds
 	std::function<void(const std::string &)> device_removed_;
+	std::mutex wire_mu_;  // taken after mu_, never before it
+	std::map<std::string, std::unique_ptr<WireReceiver>> wire_receivers_;  // by device name
 };
 
 }  // namespace xsrc

@@ -389,7 +389,7 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 	}
 	// The RTR path names the destination: route by its GID.
 	if ((attr_mask & IBV_QP_AV) && qp->type != IBV_QPT_UD)
-		qp->engine = xsrc_route(ibqp->context, attr->ah_attr);
+		qp->engine = xsrc_route(ibqp->context, attr->ah_attr, false);
 	if (!(attr_mask & IBV_QP_STATE))
 		return 0;
 	if (attr->qp_state == IBV_QPS_ERR) {

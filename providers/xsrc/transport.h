@@ -52,16 +52,19 @@ struct xsrc_transport {
 };
 
 extern const xsrc_transport xsrc_shm_transport;  // shm_responder.cpp
-// A destination GID that is not this device's (route.cpp).
+// A destination GID that is not this device's (route.cpp): connected QPs.
 extern const xsrc_transport xsrc_unrouted_transport;
+// RoCE v2 to another host (wire_requester.cpp): UD today.
+extern const xsrc_transport xsrc_wire_transport;
 
 // --- route.cpp: which engine reaches a destination -------------------------
 
 // Is `gid` in the GID table of `port_num`? (Reads the table: a slow path.)
 bool xsrc_gid_is_local(ibv_context *ctx, uint8_t port_num, const ibv_gid &gid);
 // The engine for messages towards `ah`: the context's own for this port's
-// GIDs, multicast GIDs (and for no GRH), xsrc_unrouted_transport for any other.
-const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah);
+// GIDs, multicast GIDs (and for no GRH); for any other GID the wire for a
+// datagram (a UD address handle), xsrc_unrouted_transport for a connected QP.
+const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah, bool datagram);
 
 // --- requester.cpp: the QP's side, whatever the engine ---------------------
 

@@ -230,6 +230,7 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->death_watch);
 	std::construct_at(&ctx->raw_lock);
 	std::construct_at(&ctx->raw);
+	std::construct_at(&ctx->wire);
 }
 
 // Undoes the allocation by libibverbs and the in-place construction.
@@ -244,6 +245,7 @@ struct context_deleter {
 		std::destroy_at(&ctx->raw);
 		std::destroy_at(&ctx->raw_lock);
 		std::destroy_at(&ctx->progress);
+		std::destroy_at(&ctx->wire);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->shm_maps);
 		std::destroy_at(&ctx->odp_mrs);

@@ -32,6 +32,7 @@
 #include "queues.h"
 #include "send_queue.h"
 #include "transport.h"
+#include "wire_sender.h"
 
 struct pipe_fds {
 	xsrc::unique_fd rd;
@@ -127,6 +128,7 @@ struct xsrc_context {
 	xsrc_shm_maps shm_maps;      // peers' SysV segments attached here (peer_shm.h)
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
+	xsrc_wire_sender wire;       // sockets of the wire engine (wire_sender.h)
 	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast
 	std::mutex progress_lock;
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
@@ -270,6 +272,7 @@ struct xsrc_qp {
 	ibv_qp_type type;
 	uint32_t max_send_wr, max_send_sge, max_recv_sge, max_inline_data;
 	bool sq_sig_all;
+	uint32_t wire_psn = 0;       // the next PSN of a UD packet on the wire
 
 	xsrc_parent_domain *parent_domain = nullptr; // made through one: its allocator, its TD
 	xsrc_td_lock rq_lock;            // the receive ring has one producer

@@ -26,7 +26,7 @@ def xsrc(*args, check=True):
     return run([XSRC, *args], check=check)
 
 
-_STATUS_RE = re.compile(r"^(\S+) uverbs(\d+) netdev=(\S+) port=(\S+) contexts=(\d+) objects=(\d+)$")
+_STATUS_RE = re.compile(r"^(\S+) uverbs(\d+) netdev=(\S+) port=(\S+) contexts=(\d+) objects=(\d+)(?: \S+)*$")
 
 
 def status(device=DEVICE):

@@ -217,6 +217,39 @@ TEST_F(Route, UdToAForeignGidIsLostNotDeliveredLocally)
 	expect_nothing_received();
 }
 
+// Across hosts a datagram is one RoCE v2 packet: more than the port's MTU
+// fails at the sender, as on an HCA, and nothing leaves.
+TEST_F(Route, UdToAForeignGidLargerThanThePortMtuFailsLocLen)
+{
+	a = make_qp(IBV_QPT_UD);
+	ASSERT_NE(a, nullptr);
+	ud_to_rts(a);
+	ibv_gid mapped{};  // ::ffff:127.0.0.77, of the sender's family (kGidIndex is IPv4-mapped)
+	mapped.raw[10] = mapped.raw[11] = 0xff;
+	mapped.raw[12] = 127;
+	mapped.raw[15] = 77;
+	ah = make_ah(&mapped);
+	ASSERT_NE(ah, nullptr);
+	ibv_port_attr port{};
+	ASSERT_EQ(ibv_query_port(ctx, kPort, &port), 0);
+	uint32_t mtu = 128u << port.active_mtu;
+	ASSERT_LT(mtu, sizeof(buf));
+	ibv_sge sge{reinterpret_cast<uintptr_t>(buf), mtu + 1, mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 1;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = a->qp_num;
+	wr.wr.ud.remote_qkey = kUdQkey;
+	ASSERT_EQ(ibv_post_send(a, &wr, &bad), 0);
+	std::vector<ibv_wc> sent = poll_n(send_cq, 1);
+	ASSERT_EQ(sent.size(), 1u);
+	EXPECT_EQ(sent[0].status, IBV_WC_LOC_LEN_ERR);
+}
+
 TEST_F(Route, UdToTheLocalGidDelivers)
 {
 	ASSERT_NO_FATAL_FAILURE(ud_send_to(nullptr));

@@ -1,0 +1,279 @@
+// The lock-free operations on the rings of the device arena
+// (kernel-abi/xsrc-queues.h): CQ rings (many producers, one consumer) and
+// receive rings (one producer, many consumers). The provider's data path
+// and the daemon (which delivers what arrives from the wire) share them.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <xsrc-queues.h>
+
+#include <sched.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "common/atomic.h"
+
+namespace xsrc {
+
+// --- CQ ring ---------------------------------------------------------------
+
+inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
+	return &slots[pos & (ring->num_entries - 1)];
+}
+
+inline unsigned char *cq_payload(xsrc_cq_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(cq_slot(ring, 0));
+	return slots + uint64_t(ring->num_entries) * sizeof(xsrc_cqe) +
+	       (pos & (ring->num_entries - 1)) * ring->payload_stride;
+}
+
+// A payload that travels with a completion (XSRC_CQE_DEFERRED): gathered
+// from these buffers of ours into the slot.
+struct CqPayload {
+	const struct iovec *iov = nullptr;
+	size_t count = 0;
+};
+
+inline void gather(unsigned char *dst, CqPayload payload)
+{
+	for (size_t i = 0; i < payload.count; ++i) {
+		std::memcpy(dst, payload.iov[i].iov_base, payload.iov[i].iov_len);
+		dst += payload.iov[i].iov_len;
+	}
+}
+
+// --- big payload slots (revision 5) ------------------------------------------
+
+// The slot index lives in xsrc_cqe::big_slot: no pool may have more.
+constexpr uint32_t kMaxCqBigSlots = 256;
+
+inline uint64_t cq_big_pool_off(const xsrc_cq_ring *ring)
+{
+	return sizeof(xsrc_cq_ring) + uint64_t(ring->num_entries) * (sizeof(xsrc_cqe) + ring->payload_stride);
+}
+
+inline uint64_t cq_big_busy_bytes(const xsrc_cq_ring *ring)
+{
+	return (uint64_t(ring->big_slots) / 64 * sizeof(uint64_t) + 63) / 64 * 64;
+}
+
+// The ring's pool as its header describes it: a sane shape (the header is
+// in the arena, which any process can write) within `room` bytes of the ring.
+inline bool cq_big_pool_sane(const xsrc_cq_ring *ring, uint64_t room)
+{
+	uint32_t slots = ring->big_slots;
+	if (!slots || slots > kMaxCqBigSlots || slots % 64 || !ring->big_stride || ring->big_stride > (1u << 20))
+		return false;
+	uint64_t end = cq_big_pool_off(ring) + cq_big_busy_bytes(ring) + uint64_t(slots) * ring->big_stride;
+	return end <= room;
+}
+
+inline uint64_t *cq_big_busy(xsrc_cq_ring *ring)
+{
+	return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring) + cq_big_pool_off(ring));
+}
+
+inline unsigned char *cq_big_payload(xsrc_cq_ring *ring, uint32_t slot)
+{
+	return reinterpret_cast<unsigned char *>(cq_big_busy(ring)) + cq_big_busy_bytes(ring) +
+	       uint64_t(slot) * ring->big_stride;
+}
+
+// Takes a free big slot (its busy bit), starting the search at `hint` so
+// that producers spread out. -1 when every slot is taken.
+inline int cq_big_claim(xsrc_cq_ring *ring, uint32_t hint)
+{
+	uint32_t words = ring->big_slots / 64;
+	uint64_t *busy = cq_big_busy(ring);
+	for (uint32_t n = 0; n < words; ++n) {
+		uint32_t w = (hint / 64 + n) % words;
+		auto word = atomic(busy[w]);
+		uint64_t seen = word.load(std::memory_order_relaxed);
+		while (~seen) {
+			int bit = __builtin_ctzll(~seen);
+			uint64_t mask = uint64_t(1) << bit;
+			// Acquire: the consumer's copy out of the slot happened before it freed it.
+			seen = word.fetch_or(mask, std::memory_order_acquire);
+			if (!(seen & mask))
+				return static_cast<int>(w * 64 + bit);
+		}
+	}
+	return -1;
+}
+
+inline void cq_big_release(xsrc_cq_ring *ring, uint32_t slot)
+{
+	atomic(cq_big_busy(ring)[slot / 64]).fetch_and(~(uint64_t(1) << (slot % 64)), std::memory_order_release);
+}
+
+// No bound on the retries of a lock-free loop (the provider: the other
+// side is a peer process of the device that makes progress).
+inline constexpr unsigned kUnboundedTries = ~0u;
+
+// Appends a completion. False when the CQ is full (an overrun), or after
+// `max_tries` lost races (the daemon bounds them: a process could forge the
+// ring's sequence numbers to keep it looping); a big slot the completion
+// carries is then free again.
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
+		    unsigned max_tries = kUnboundedTries)
+{
+	auto tail = atomic(ring->tail);
+	__u64 pos = tail.load(std::memory_order_relaxed);
+	for (unsigned tries = 0; tries != max_tries; ++tries) {
+		xsrc_cqe *slot = cq_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - pos);
+		if (dif == 0) {
+			// The application's cqe, not the ring's capacity, is the limit.
+			uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+			if (static_cast<int64_t>(pos - head) < 0) {
+				pos = tail.load(std::memory_order_relaxed);  // ours is stale
+				continue;
+			}
+			if (pos - head >= ring->cqe)
+				break;
+			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
+					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
+					    sizeof(cqe) - sizeof(cqe.seq));
+				if (payload.count)
+					gather(cq_payload(ring, pos), payload);
+				atomic(slot->seq).store(pos + 1, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			break;
+		} else {
+			pos = tail.load(std::memory_order_relaxed);
+		}
+	}
+	if (cqe.flags & XSRC_CQE_DEFERRED_BIG)
+		cq_big_release(ring, cqe.big_slot);
+	return false;
+}
+
+// Takes the oldest completion (the owner is the only consumer). A payload
+// that travels with it is placed only where may_write(va, len) says this
+// process registered memory for it: the ring is in the arena, which any
+// process can write, so deferred_va is never trusted by itself. A payload
+// that may not be placed turns the completion into IBV_WC_LOC_PROT_ERR.
+template <typename MayWrite>
+inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
+{
+	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
+	xsrc_cqe *slot = cq_slot(ring, pos);
+	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
+		return false;
+	out = *slot;
+	if (out.flags & XSRC_CQE_DEFERRED) {
+		if (out.byte_len <= ring->payload_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos),
+				    out.byte_len);
+		} else {
+			out.status = IBV_WC_LOC_PROT_ERR;
+			out.byte_len = 0;
+		}
+	} else if (out.flags & XSRC_CQE_DEFERRED_BIG) {
+		// The pool's shape is the daemon's, as num_entries and payload_stride are.
+		bool known = out.big_slot < ring->big_slots;
+		if (known && out.byte_len <= ring->big_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_big_payload(ring, out.big_slot),
+				    out.byte_len);
+		} else {
+			out.status = IBV_WC_LOC_PROT_ERR;
+			out.byte_len = 0;
+		}
+		if (known)
+			cq_big_release(ring, out.big_slot);
+	}
+	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+	atomic(ring->head).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// --- receive ring ----------------------------------------------------------
+
+inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(ring + 1);
+	return reinterpret_cast<xsrc_recv_wqe *>(slots + (pos & (ring->num_entries - 1)) * ring->stride);
+}
+
+inline xsrc_sge *recv_sges(xsrc_recv_wqe *wqe)
+{
+	return reinterpret_cast<xsrc_sge *>(wqe + 1);
+}
+
+inline uint64_t recv_count(xsrc_recv_ring *ring)
+{
+	return atomic(ring->tail).load(std::memory_order_acquire) -
+	       atomic(ring->head).load(std::memory_order_acquire);
+}
+
+// Posts a receive (the owner is the only producer). False when full.
+inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
+{
+	uint64_t pos = atomic(ring->tail).load(std::memory_order_relaxed);
+	uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
+	if (pos - head >= ring->max_wr)
+		return false;
+	xsrc_recv_wqe *slot = recv_slot(ring, pos);
+	// A consumer that claimed this slot a lap ago may still be copying it
+	// out (or was preempted doing so): give it a moment.
+	constexpr unsigned kMaxSpins = 4096, kSpinsPerYield = 64;
+	for (unsigned spins = 0; atomic(slot->seq).load(std::memory_order_acquire) != pos; ++spins) {
+		if (spins == kMaxSpins)
+			return false;
+		if (spins % kSpinsPerYield == kSpinsPerYield - 1)
+			sched_yield();
+	}
+	slot->wr_id = wr_id;
+	slot->num_sge = num_sge;
+	std::memcpy(recv_sges(slot), sge, num_sge * sizeof(xsrc_sge));
+	atomic(slot->seq).store(pos + 1, std::memory_order_release);
+	atomic(ring->tail).store(pos + 1, std::memory_order_release);
+	return true;
+}
+
+// A receive WQE copied out of a ring.
+struct RecvWqe {
+	uint64_t wr_id = 0;
+	uint32_t num_sge = 0;
+	xsrc_sge sge[XSRC_MAX_RECV_SGE];
+};
+
+// Claims the oldest posted receive (any process may consume). False if
+// none, or after `max_tries` lost races (as cq_push).
+inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kUnboundedTries)
+{
+	auto head = atomic(ring->head);
+	__u64 pos = head.load(std::memory_order_relaxed);
+	for (unsigned tries = 0; tries != max_tries; ++tries) {
+		xsrc_recv_wqe *slot = recv_slot(ring, pos);
+		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
+		int64_t dif = static_cast<int64_t>(seq - (pos + 1));
+		if (dif == 0) {
+			if (head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+				out.wr_id = slot->wr_id;
+				out.num_sge = slot->num_sge <= XSRC_MAX_RECV_SGE ? slot->num_sge : 0;
+				std::memcpy(out.sge, recv_sges(slot), out.num_sge * sizeof(xsrc_sge));
+				atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+				return true;
+			}
+		} else if (dif < 0) {
+			return false;
+		} else {
+			pos = head.load(std::memory_order_relaxed);
+		}
+	}
+	return false;
+}
+
+}  // namespace xsrc

@@ -1,0 +1,305 @@
+// Delivery of RoCE v2 UD packets into a device (xsrcd/wire_deliver.cpp), in
+// process: a UD QP of the fixture's context with a receive posted in its
+// ring, packets built with wire/, and the completion read back from the CQ
+// ring. Each way a datagram is refused is dropped silently, as IBTA has it
+// for UD; a receive that cannot take it completes in error.
+#include <arpa/inet.h>
+
+#include <optional>
+
+#include "command_fixture.h"
+#include "common/ring_ops.h"
+#include "wire/headers.h"
+#include "wire_deliver.h"
+
+namespace xsrc::test {
+namespace {
+
+namespace w = wire;
+
+constexpr uint32_t kQkey = 0x11111111;  // modify_cmd()'s
+constexpr uint32_t kSrcQpn = 0x1234;
+constexpr size_t kGrh = 40;
+
+struct PacketSpec {
+	uint8_t opcode = w::opcode::kUdSendOnly;
+	uint32_t qpn = 0;
+	uint32_t qkey = kQkey;
+	std::optional<uint32_t> imm;
+	std::vector<uint8_t> payload = std::vector<uint8_t>(13, 0x5a);
+	const char *dst = "127.0.0.1";
+	bool ipv6 = false;
+};
+
+// IP .. ICRC, as a sender on the wire puts it.
+std::vector<uint8_t> packet(const PacketSpec &s)
+{
+	std::vector<uint8_t> body(w::kBthBytes + w::kDethBytes);
+	uint8_t pad = static_cast<uint8_t>((4 - s.payload.size() % 4) % 4);
+	w::Bth bth;
+	bth.opcode = s.opcode;
+	bth.dest_qpn = s.qpn;
+	bth.pad = pad;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
+	w::encode(w::Deth{s.qkey, kSrcQpn}, std::span<uint8_t, w::kDethBytes>(body.data() + w::kBthBytes, w::kDethBytes));
+	if (s.imm) {
+		body.resize(body.size() + w::kImmDtBytes);
+		w::encode(w::ImmDt{*s.imm}, std::span<uint8_t, w::kImmDtBytes>(body.data() + body.size() - 4, 4));
+	}
+	body.insert(body.end(), s.payload.begin(), s.payload.end());
+	body.insert(body.end(), pad, 0);
+	uint16_t udp_len = static_cast<uint16_t>(w::kUdpBytes + body.size() + w::kIcrcBytes);
+	std::vector<uint8_t> p;
+	if (s.ipv6) {
+		w::Ipv6 ip;
+		ip.payload_length = udp_len;
+		inet_pton(AF_INET6, "fd00::2", &ip.src);
+		inet_pton(AF_INET6, s.dst, &ip.dst);
+		p.resize(w::kIpv6Bytes);
+		w::encode(ip, std::span<uint8_t, w::kIpv6Bytes>(p.data(), w::kIpv6Bytes));
+	} else {
+		w::Ipv4 ip;
+		ip.total_length = static_cast<uint16_t>(w::kIpv4Bytes + udp_len);
+		inet_pton(AF_INET, "127.0.0.2", &ip.src);
+		inet_pton(AF_INET, s.dst, &ip.dst);
+		p.resize(w::kIpv4Bytes);
+		w::encode(ip, std::span<uint8_t, w::kIpv4Bytes>(p.data(), w::kIpv4Bytes));
+	}
+	size_t ip_len = p.size();
+	p.resize(ip_len + w::kUdpBytes);
+	w::encode(w::Udp{50000, w::kRoceV2Port, udp_len, 0}, std::span<uint8_t, w::kUdpBytes>(p.data() + ip_len, w::kUdpBytes));
+	p.insert(p.end(), body.begin(), body.end());
+	uint32_t crc = *w::icrc(p);
+	p.resize(p.size() + w::kIcrcBytes);
+	w::store_icrc(crc, std::span<uint8_t, w::kIcrcBytes>(p.data() + p.size() - 4, 4));
+	return p;
+}
+
+class WireDeliverTest : public CommandFixture {
+protected:
+	void SetUp() override
+	{
+		CommandFixture::SetUp();
+		basic_objects();
+		ASSERT_EQ(create_qp(qp_spec(IBV_QPT_UD), qp), 0);
+		ib_uverbs_reg_mr_resp mr_resp{};
+		ASSERT_EQ(reg_mr(pd0, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE, mr_resp), 0);
+		lkey = mr_resp.lkey;
+	}
+
+	void to_rtr(uint32_t handle = 0)
+	{
+		handle = handle ? handle : qp.handle;
+		ASSERT_EQ(modify_qp(modify_cmd(handle, IBV_QPS_INIT,
+					       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)), 0);
+		ASSERT_EQ(modify_qp(modify_cmd(handle, IBV_QPS_RTR, IBV_QP_STATE)), 0);
+	}
+
+	void post_recv(uint32_t len, uint32_t key = 0)
+	{
+		xsrc_sge sge{reinterpret_cast<uintptr_t>(buf), len, key ? key : lkey};
+		ASSERT_TRUE(recv_push(rq(), 7, &sge, 1));
+	}
+
+	xsrc_recv_ring *rq() { return &arena().at<xsrc_recv_ring>(qp.drv.rq_off); }
+
+	std::optional<xsrc_cqe> completion()
+	{
+		xsrc_cqe c;
+		if (!cq_pop(&arena().at<xsrc_cq_ring>(cq0_ring), c, [](uint64_t, uint32_t) { return false; }))
+			return std::nullopt;
+		return c;
+	}
+
+	WireOutcome deliver(PacketSpec s)
+	{
+		if (!s.qpn)
+			s.qpn = qp.qpn;
+		std::vector<uint8_t> p = packet(s);
+		return wire_deliver(dev, p);
+	}
+
+	// Dropped: no completion, the receive still posted.
+	void expect_dropped(const PacketSpec &s)
+	{
+		EXPECT_EQ(deliver(s), WireOutcome::dropped);
+		EXPECT_FALSE(completion());
+		EXPECT_EQ(recv_count(rq()), 1u);
+	}
+
+	CreatedQp qp;
+	uint32_t lkey = 0;
+	alignas(64) uint8_t buf[256] = {};
+};
+
+TEST_F(WireDeliverTest, UdSendLandsAfterTheIpv4HeaderAsGrh)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	std::vector<uint8_t> p =
+		packet({.opcode = w::opcode::kUdSendOnlyImm, .qpn = qp.qpn, .imm = htonl(0xC0FFEE)});
+	EXPECT_EQ(wire_deliver(dev, p), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->opcode, IBV_WC_RECV);
+	EXPECT_EQ(c->wr_id, 7u);
+	EXPECT_EQ(c->qp_num, qp.qpn);
+	EXPECT_EQ(c->src_qp, kSrcQpn);
+	EXPECT_EQ(c->byte_len, kGrh + 13);
+	EXPECT_EQ(c->wc_flags, unsigned(IBV_WC_GRH | IBV_WC_WITH_IMM));
+	EXPECT_EQ(c->imm_data, htonl(0xC0FFEE));
+	for (size_t i = 0; i < 20; ++i)
+		ASSERT_EQ(buf[i], 0) << i;
+	EXPECT_TRUE(std::equal(buf + 20, buf + kGrh, p.begin()));  // the IPv4 header
+	for (size_t i = kGrh; i < kGrh + 13; ++i)
+		ASSERT_EQ(buf[i], 0x5a) << i;
+	EXPECT_EQ(buf[kGrh + 13], 0);  // nothing past the payload (the pad stays out)
+}
+
+TEST_F(WireDeliverTest, Ipv6GrhIsTheIpv6Header)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	std::vector<uint8_t> p = packet({.qpn = qp.qpn, .dst = "::1", .ipv6 = true});
+	EXPECT_EQ(wire_deliver(dev, p), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->wc_flags, unsigned(IBV_WC_GRH));
+	EXPECT_TRUE(std::equal(buf, buf + kGrh, p.begin()));
+}
+
+TEST_F(WireDeliverTest, WrongQkeyIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	expect_dropped({.qkey = kQkey + 1});
+}
+
+TEST_F(WireDeliverTest, QpNotReadyToReceiveIsDropped)
+{
+	post_recv(sizeof(buf));  // RESET, then INIT: not yet
+	expect_dropped({});
+	ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_INIT,
+				       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY)), 0);
+	expect_dropped({});
+}
+
+TEST_F(WireDeliverTest, NoSuchQpIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	expect_dropped({.qpn = qp.qpn + 1});
+	expect_dropped({.qpn = 1});  // QP1: no GSI QP on this device yet
+}
+
+TEST_F(WireDeliverTest, AnotherHostsAddressIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	expect_dropped({.dst = "127.0.0.9"});
+}
+
+TEST_F(WireDeliverTest, NotAUdSendIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	expect_dropped({.opcode = 0x04});  // RC SEND Only
+	expect_dropped({.opcode = 0x66});  // reserved
+}
+
+TEST_F(WireDeliverTest, TruncatedPacketIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	std::vector<uint8_t> p = packet({.qpn = qp.qpn, .payload = {}});
+	// Shorter than its UDP length says.
+	EXPECT_EQ(wire_deliver(dev, std::span<const uint8_t>(p).first(p.size() - 1)), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+}
+
+TEST_F(WireDeliverTest, NoReceivePostedIsDropped)
+{
+	to_rtr();
+	EXPECT_EQ(deliver({}), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+}
+
+TEST_F(WireDeliverTest, ReceiveTooSmallCompletesLocLenErr)
+{
+	to_rtr();
+	post_recv(kGrh + 12);
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_LOC_LEN_ERR);
+	EXPECT_EQ(buf[0], 0);  // nothing written
+}
+
+TEST_F(WireDeliverTest, BadLkeyCompletesLocProtErr)
+{
+	to_rtr();
+	post_recv(sizeof(buf), lkey + 0x100);  // another index: no MR
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_LOC_PROT_ERR);
+}
+
+TEST_F(WireDeliverTest, QpOnAnSrqTakesTheSrqsReceiveAndRaisesItsLimit)
+{
+	uint32_t srq = 0;
+	xsrc_create_srq_resp srq_drv{};
+	ASSERT_EQ(create_srq(pd0, 8, 1, srq, nullptr, &srq_drv), 0);
+	QpSpec spec = qp_spec(IBV_QPT_UD);
+	spec.srq = srq;
+	CreatedQp on_srq;
+	ASSERT_EQ(create_qp(spec, on_srq), 0);
+	to_rtr(on_srq.handle);
+	auto *ring = &arena().at<xsrc_recv_ring>(srq_drv.ring_off);
+	xsrc_sge sge{reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+	ASSERT_TRUE(recv_push(ring, 9, &sge, 1));
+	ASSERT_TRUE(recv_push(ring, 10, &sge, 1));
+	ring->srq_limit = 2;  // armed: fires when fewer than 2 are left
+	EXPECT_TRUE(async.drain().empty());
+	EXPECT_EQ(deliver({.qpn = on_srq.qpn}), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->wr_id, 9u);
+	EXPECT_EQ(c->qp_num, on_srq.qpn);
+	EXPECT_EQ(recv_count(ring), 1u);
+	EXPECT_EQ(ring->srq_limit, 0u);  // disarmed as it fired
+	EXPECT_FALSE(async.drain().empty());
+	ASSERT_EQ(destroy_qp(on_srq.handle), 0);
+}
+
+// The rings are in the arena, which every process of the device may write:
+// geometry that does not fit the daemon's allocation is never indexed.
+TEST_F(WireDeliverTest, ForgedReceiveRingGeometryIsNotUsed)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	uint32_t entries = rq()->num_entries;
+	rq()->num_entries = 1u << 30;
+	EXPECT_EQ(deliver({}), WireOutcome::dropped);
+	rq()->num_entries = entries;
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rq()), 1u);
+}
+
+TEST_F(WireDeliverTest, ForgedCqRingGeometryGetsNoCompletion)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	auto &ring = arena().at<xsrc_cq_ring>(cq0_ring);
+	uint32_t entries = ring.num_entries;
+	ring.num_entries = 1u << 30;
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	ring.num_entries = entries;
+	EXPECT_FALSE(completion());
+}
+
+}  // namespace
+}  // namespace xsrc::test

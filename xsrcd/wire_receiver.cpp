@@ -1,0 +1,187 @@
+// The receive side of the wire (wire_receiver.h).
+#include "wire_receiver.h"
+
+#include <arpa/inet.h>
+#include <linux/filter.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <linux/udp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <thread>
+
+#include "common/fd.h"
+#include "wire/headers.h"
+
+namespace xsrc {
+namespace {
+
+namespace w = wire;
+
+// Larger than any frame of a 9000-byte MTU.
+constexpr size_t kMaxPacket = 9216;
+
+// A classic BPF program for a SOCK_DGRAM packet socket (offsets start at the
+// IP header): accept IPv4 UDP to 4791 (not a fragment, any IHL) and IPv6
+// whose next header is UDP to 4791; drop everything else in the kernel.
+const sock_filter kRoceFilter[] = {
+	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 0),                 // 0: version nibble
+	BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xF0),             // 1
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x40, 0, 7),       // 2: IPv4? else 10
+	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 9),                 // 3: protocol
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 11),  // 4: else drop
+	BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 6),                 // 5: flags, fragment offset
+	BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x1FFF, 9, 0),    // 6: a later fragment: drop
+	BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 0),                // 7: X = IHL * 4
+	BPF_STMT(BPF_LD | BPF_H | BPF_IND, 2),                 // 8: UDP destination port
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 5, 6),  // 9: accept / drop
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x60, 0, 5),       // 10: IPv6? else drop
+	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 6),                 // 11: next header
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 3),  // 12: else drop
+	BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 42),                // 13: UDP destination port
+	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 0, 1),  // 14
+	BPF_STMT(BPF_RET | BPF_K, kMaxPacket),                 // 15: accept
+	BPF_STMT(BPF_RET | BPF_K, 0),                          // 16: drop
+};
+
+// A UDP socket on port 4791 that takes nothing (a filter that drops every
+// datagram): the port is in use, so the kernel answers no ICMP port
+// unreachable to a peer whose packets the packet socket takes.
+unique_fd port_holder(int family)
+{
+	unique_fd fd(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
+	if (!fd)
+		return fd;
+	static const sock_filter kDropAll[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+	sock_fprog prog{1, const_cast<sock_filter *>(kDropAll)};
+	int one = 1;
+	setsockopt(fd.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
+	setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	int rc;
+	if (family == AF_INET) {
+		sockaddr_in a{};
+		a.sin_family = AF_INET;
+		a.sin_port = htons(w::kRoceV2Port);
+		rc = bind(fd.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a));
+	} else {
+		setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+		// RoCE v2 senders may leave the UDP checksum 0; IPv6 forbids it.
+		setsockopt(fd.get(), IPPROTO_UDP, UDP_NO_CHECK6_RX, &one, sizeof(one));
+		sockaddr_in6 a{};
+		a.sin6_family = AF_INET6;
+		a.sin6_port = htons(w::kRoceV2Port);
+		rc = bind(fd.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a));
+	}
+	if (rc)  // another device of this host holds it: as good
+		fd.reset();
+	return fd;
+}
+
+}  // namespace
+
+struct WireReceiver::Impl {
+	unique_fd packets;
+	unique_fd stop;
+	unique_fd holder4, holder6;
+	std::thread thread;
+};
+
+std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err)
+{
+	std::unique_ptr<WireReceiver> r(new WireReceiver);
+	r->deliver_ = std::move(deliver);
+	r->impl_ = std::make_unique<Impl>();
+	Impl &impl = *r->impl_;
+	// Protocol 0 takes no packet until bind(), after the filter is attached:
+	// nothing unfiltered is queued in between.
+	impl.packets.reset(::socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+	if (!impl.packets) {
+		err = errno;
+		return nullptr;
+	}
+	sock_fprog prog{static_cast<unsigned short>(std::size(kRoceFilter)), const_cast<sock_filter *>(kRoceFilter)};
+	sockaddr_ll sll{};
+	sll.sll_family = AF_PACKET;
+	sll.sll_protocol = htons(ETH_P_ALL);
+	sll.sll_ifindex = ifindex;
+	if (setsockopt(impl.packets.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) ||
+	    bind(impl.packets.get(), reinterpret_cast<sockaddr *>(&sll), sizeof(sll))) {
+		err = errno;
+		return nullptr;
+	}
+	impl.stop.reset(eventfd(0, EFD_CLOEXEC));
+	if (!impl.stop) {
+		err = errno;
+		return nullptr;
+	}
+	impl.holder4 = port_holder(AF_INET);
+	impl.holder6 = port_holder(AF_INET6);
+	WireReceiver *self = r.get();
+	impl.thread = std::thread([self] {
+		Impl &i = *self->impl_;
+		std::array<uint8_t, kMaxPacket> buf;
+		pollfd fds[2] = {{i.packets.get(), POLLIN, 0}, {i.stop.get(), POLLIN, 0}};
+		for (;;) {
+			if (poll(fds, 2, -1) < 0 && errno != EINTR)
+				return;
+			if (fds[1].revents)
+				return;
+			if (!(fds[0].revents & POLLIN))
+				continue;
+			sockaddr_ll from{};
+			socklen_t len = sizeof(from);
+			ssize_t n = recvfrom(i.packets.get(), buf.data(), buf.size(), MSG_DONTWAIT,
+					     reinterpret_cast<sockaddr *>(&from), &len);
+			// Only what arrives for this host: not our own sends, not
+			// frames for other hosts a promiscuous link shows us.
+			if (n <= 0 || from.sll_pkttype != PACKET_HOST)
+				continue;
+			self->handle({buf.data(), static_cast<size_t>(n)});
+		}
+	});
+	return r;
+}
+
+WireReceiver::~WireReceiver()
+{
+	if (impl_ && impl_->thread.joinable()) {
+		uint64_t one = 1;
+		if (write(impl_->stop.get(), &one, sizeof(one)) < 0) {
+			// An eventfd write fails only on overflow: the thread sees it anyway.
+		}
+		impl_->thread.join();
+	}
+}
+
+void WireReceiver::handle(std::span<const uint8_t> ip_packet)
+{
+	// The IP header's own length: a frame may carry Ethernet padding. Only
+	// UDP to 4791 counts (the socket's filter lets nothing else through).
+	size_t len = 0, ip_len = 0;
+	if (ip_packet.size() >= w::kIpv4Bytes && ip_packet[0] == 0x45 && ip_packet[9] == w::kIpProtoUdp) {
+		len = size_t(ip_packet[2]) << 8 | ip_packet[3];
+		ip_len = w::kIpv4Bytes;
+	} else if (ip_packet.size() >= w::kIpv6Bytes && ip_packet[0] >> 4 == 6 && ip_packet[6] == w::kIpProtoUdp) {
+		len = w::kIpv6Bytes + (size_t(ip_packet[4]) << 8 | ip_packet[5]);
+		ip_len = w::kIpv6Bytes;
+	}
+	if (len < ip_len + w::kUdpBytes || len > ip_packet.size() ||
+	    w::decode_udp(ip_packet.subspan(ip_len).first<w::kUdpBytes>()).dst_port != w::kRoceV2Port)
+		return;
+	ip_packet = ip_packet.first(len);
+	counters_.received.fetch_add(1, std::memory_order_relaxed);
+	if (!w::icrc_ok(ip_packet)) {
+		counters_.bad_icrc.fetch_add(1, std::memory_order_relaxed);
+		return;
+	}
+	WireOutcome outcome = deliver_ ? deliver_(ip_packet) : WireOutcome::dropped;
+	(outcome == WireOutcome::delivered ? counters_.delivered : counters_.dropped)
+		.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace xsrc

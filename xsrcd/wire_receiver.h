@@ -1,0 +1,50 @@
+// RoCE v2 from the wire into a device: a packet socket on the device's
+// netdev sees every IPv4 and IPv6 UDP datagram to port 4791 with its real
+// IP header (the ICRC covers it: a UDP socket would not show it), on a
+// thread of its own. The ICRC is checked here; what passes goes to the
+// daemon's delivery (wire_deliver.cpp), under the daemon's lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace xsrc {
+
+// What became of a packet that reached a device.
+enum class WireOutcome { delivered, dropped };
+
+struct WireCounters {
+	std::atomic<uint64_t> received{0};   // RoCE v2 packets to this host
+	std::atomic<uint64_t> bad_icrc{0};   // dropped: the ICRC did not check
+	std::atomic<uint64_t> delivered{0};  // into a receive of a QP
+	std::atomic<uint64_t> dropped{0};    // no such QP, Q_Key, receive, opcode
+};
+
+class WireReceiver {
+public:
+	// Called with the IP packet (IP header .. ICRC) of each packet whose ICRC checked.
+	using Deliver = std::function<WireOutcome(std::span<const uint8_t> ip_packet)>;
+	// Opens the sockets on netdev `ifindex` and starts the thread. Returns
+	// null with `err` set when a socket cannot be made (no CAP_NET_RAW).
+	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err);
+	~WireReceiver();  // stops and joins the thread
+	WireReceiver(const WireReceiver &) = delete;
+	WireReceiver &operator=(const WireReceiver &) = delete;
+
+	const WireCounters &counters() const { return counters_; }
+
+private:
+	WireReceiver() = default;
+	// One packet off the socket: counted, its ICRC checked, delivered.
+	void handle(std::span<const uint8_t> ip_packet);
+	struct Impl;
+	std::unique_ptr<Impl> impl_;
+	Deliver deliver_;
+	WireCounters counters_;
+};
+
+}  // namespace xsrc
