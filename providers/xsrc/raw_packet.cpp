@@ -51,6 +51,34 @@ bool masked_equal(const T &field, const T &value, const T &mask)
 // device ignores, as the kernel's copy allows), and no larger than this.
 constexpr uint16_t kMaxSpecBytes = 256;
 
+// A spec's filter (its value or its mask) as the fields frames are matched on.
+FlowMatch::Eth eth_fields(const ibv_flow_eth_filter &f)
+{
+	FlowMatch::Eth e{};
+	std::memcpy(e.dst, f.dst_mac, 6);
+	std::memcpy(e.src, f.src_mac, 6);
+	e.ether_type = f.ether_type;
+	e.vlan_tag = f.vlan_tag;
+	return e;
+}
+
+FlowMatch::Ipv4 ipv4_fields(const ibv_flow_ipv4_ext_filter &f)
+{
+	return {f.src_ip, f.dst_ip, f.proto, f.tos, f.ttl, f.flags};
+}
+
+FlowMatch::Ipv6 ipv6_fields(const ibv_flow_ipv6_filter &f)
+{
+	FlowMatch::Ipv6 i{};
+	std::memcpy(i.src, f.src_ip, 16);
+	std::memcpy(i.dst, f.dst_ip, 16);
+	i.flow_label = f.flow_label;
+	i.next_hdr = f.next_hdr;
+	i.traffic_class = f.traffic_class;
+	i.hop_limit = f.hop_limit;
+	return i;
+}
+
 // The spec at `at` as a `Spec`, or null when its size is too small for one.
 template <typename Spec>
 const Spec *spec_as(const ibv_flow_spec *at)
@@ -116,14 +144,8 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 			if (!s || out.has_eth)
 				return EINVAL;
 			out.has_eth = true;
-			std::memcpy(out.eth_val.dst, s->val.dst_mac, 6);
-			std::memcpy(out.eth_val.src, s->val.src_mac, 6);
-			out.eth_val.ether_type = s->val.ether_type;
-			out.eth_val.vlan_tag = s->val.vlan_tag;
-			std::memcpy(out.eth_mask.dst, s->mask.dst_mac, 6);
-			std::memcpy(out.eth_mask.src, s->mask.src_mac, 6);
-			out.eth_mask.ether_type = s->mask.ether_type;
-			out.eth_mask.vlan_tag = s->mask.vlan_tag;
+			out.eth_val = eth_fields(s->val);
+			out.eth_mask = eth_fields(s->mask);
 			break;
 		}
 		case IBV_FLOW_SPEC_IPV4:
@@ -141,10 +163,8 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 				auto *s = spec_as<ibv_flow_spec_ipv4_ext>(at);
 				if (!s)
 					return EINVAL;
-				out.ipv4_val = {s->val.src_ip, s->val.dst_ip, s->val.proto, s->val.tos, s->val.ttl,
-						s->val.flags};
-				out.ipv4_mask = {s->mask.src_ip, s->mask.dst_ip, s->mask.proto, s->mask.tos,
-						 s->mask.ttl, s->mask.flags};
+				out.ipv4_val = ipv4_fields(s->val);
+				out.ipv4_mask = ipv4_fields(s->mask);
 			}
 			break;
 		}
@@ -153,18 +173,8 @@ int FlowMatch::parse(const ibv_flow_attr &attr, FlowMatch &out)
 			if (!s || out.has_ipv4 || out.has_ipv6)
 				return EINVAL;
 			out.has_ipv6 = true;
-			std::memcpy(out.ipv6_val.src, s->val.src_ip, 16);
-			std::memcpy(out.ipv6_val.dst, s->val.dst_ip, 16);
-			out.ipv6_val.flow_label = s->val.flow_label;
-			out.ipv6_val.next_hdr = s->val.next_hdr;
-			out.ipv6_val.traffic_class = s->val.traffic_class;
-			out.ipv6_val.hop_limit = s->val.hop_limit;
-			std::memcpy(out.ipv6_mask.src, s->mask.src_ip, 16);
-			std::memcpy(out.ipv6_mask.dst, s->mask.dst_ip, 16);
-			out.ipv6_mask.flow_label = s->mask.flow_label;
-			out.ipv6_mask.next_hdr = s->mask.next_hdr;
-			out.ipv6_mask.traffic_class = s->mask.traffic_class;
-			out.ipv6_mask.hop_limit = s->mask.hop_limit;
+			out.ipv6_val = ipv6_fields(s->val);
+			out.ipv6_mask = ipv6_fields(s->mask);
 			break;
 		}
 		case IBV_FLOW_SPEC_TCP:

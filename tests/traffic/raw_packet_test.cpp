@@ -59,6 +59,31 @@ std::vector<uint8_t> eth_frame(const uint8_t *dst, uint16_t ether_type, size_t p
 	return f;
 }
 
+// A raw packet QP of `pd` on `cq`, in RTS; null on any failure.
+ibv_qp *make_raw_qp(ibv_pd *pd, ibv_cq *cq, ibv_qp_cap cap)
+{
+	ibv_qp_init_attr attr{};
+	attr.qp_type = IBV_QPT_RAW_PACKET;
+	attr.send_cq = attr.recv_cq = cq;
+	attr.cap = cap;
+	ibv_qp *qp = ibv_create_qp(pd, &attr);
+	if (!qp)
+		return nullptr;
+	ibv_qp_attr a{};
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	bool ok = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT) == 0;
+	a.qp_state = IBV_QPS_RTR;
+	ok = ok && ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0;
+	a.qp_state = IBV_QPS_RTS;
+	ok = ok && ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0;
+	if (!ok) {
+		ibv_destroy_qp(qp);
+		return nullptr;
+	}
+	return qp;
+}
+
 // Ethernet + IPv4 or IPv6 + UDP or TCP header (checksums are not looked at).
 std::vector<uint8_t> ip_frame(bool v6, uint8_t proto, uint16_t sport, uint16_t dport,
 			      const char *src4 = "192.0.2.1", const char *dst4 = "192.0.2.2")
@@ -178,24 +203,10 @@ protected:
 
 	ibv_qp *raw_qp()
 	{
-		ibv_qp_init_attr attr{};
-		attr.qp_type = IBV_QPT_RAW_PACKET;
-		attr.send_cq = attr.recv_cq = cq;
-		attr.cap = {64, 64, 2, 2, 64};
-		ibv_qp *qp = ibv_create_qp(pd, &attr);
-		if (!qp)
-			return nullptr;
-		qps.push_back(qp);
-		ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT))
-			return nullptr;
-		a.qp_state = IBV_QPS_RTR;
-		if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
-			return nullptr;
-		a.qp_state = IBV_QPS_RTS;
-		return ibv_modify_qp(qp, &a, IBV_QP_STATE) ? nullptr : qp;
+		ibv_qp *qp = make_raw_qp(pd, cq, {64, 64, 2, 2, 64});
+		if (qp)
+			qps.push_back(qp);
+		return qp;
 	}
 
 	// A flow of `qp` on Ethernet destination `dst` and the experimental type.
@@ -422,21 +433,9 @@ TEST_F(RawPacket, BetweenProcesses)
 		ibv_cq *q = c ? ibv_create_cq(c, 64, nullptr, nullptr, 0) : nullptr;
 		if (!p || !q)
 			_exit(2);
-		ibv_qp_init_attr attr{};
-		attr.qp_type = IBV_QPT_RAW_PACKET;
-		attr.send_cq = attr.recv_cq = q;
-		attr.cap = {64, 1, 1, 1, 256};
-		ibv_qp *s = ibv_create_qp(p, &attr);
-		ibv_qp_attr a{};
-		a.qp_state = IBV_QPS_INIT;
-		a.port_num = 1;
-		if (!s || ibv_modify_qp(s, &a, IBV_QP_STATE | IBV_QP_PORT))
+		ibv_qp *s = make_raw_qp(p, q, {64, 1, 1, 1, 256});
+		if (!s)
 			_exit(3);
-		a.qp_state = IBV_QPS_RTR;
-		ibv_modify_qp(s, &a, IBV_QP_STATE);
-		a.qp_state = IBV_QPS_RTS;
-		if (ibv_modify_qp(s, &a, IBV_QP_STATE))
-			_exit(4);
 		for (int i = 0; i < kFrames; ++i) {
 			std::vector<uint8_t> f = eth_frame(kDst, kEtherExperimental, 200, static_cast<uint8_t>(i));
 			ibv_sge sge{reinterpret_cast<uintptr_t>(f.data()), static_cast<uint32_t>(f.size()), 0};
