@@ -285,8 +285,7 @@ int RawPort::open(xsrc_context *ctx, RawPort *&out)
 	ifreq ifr{};
 	if (!if_indextoname(static_cast<unsigned>(ifindex), ifr.ifr_name) || ioctl(fd.get(), SIOCGIFMTU, &ifr))
 		return errno;
-	uint32_t max_frame = static_cast<uint32_t>(ifr.ifr_mtu) + kEthHeader + kVlanTag;
-	out = new (std::nothrow) RawPort(ctx, ifindex, max_frame, std::move(fd));
+	out = new (std::nothrow) RawPort(ctx, ifindex, static_cast<uint32_t>(ifr.ifr_mtu), std::move(fd));
 	return out ? 0 : ENOMEM;
 }
 
@@ -303,7 +302,17 @@ RawPort::~RawPort()
 
 int RawPort::send(const iovec *iov, size_t count, uint64_t len) noexcept
 {
-	if (len < kEthHeader || len > max_frame_)
+	if (len < kEthHeader)
+		return IBV_WC_LOC_LEN_ERR;
+	// The EtherType, wherever the gather list puts bytes 12 and 13: a frame
+	// with a VLAN tag may be 4 bytes longer, as the netdev takes it.
+	uint8_t type[2];
+	for (size_t i = 0, at = 0, got = 0; i < count && got < 2; at += iov[i++].iov_len)
+		for (size_t b = 0; b < iov[i].iov_len && got < 2; ++b)
+			if (at + b >= 12)
+				type[got++] = static_cast<const uint8_t *>(iov[i].iov_base)[b];
+	bool tagged = (type[0] << 8 | type[1]) == kEtherVlan;
+	if (len > mtu_ + kEthHeader + (tagged ? kVlanTag : 0))
 		return IBV_WC_LOC_LEN_ERR;
 	sockaddr_ll to{};
 	to.sll_family = AF_PACKET;

@@ -94,8 +94,8 @@ private:
 		FlowMatch match;
 		uint16_t priority;
 	};
-	RawPort(xsrc_context *ctx, int ifindex, uint32_t max_frame, unique_fd send_fd)
-		: ctx_(ctx), ifindex_(ifindex), max_frame_(max_frame), send_fd_(std::move(send_fd))
+	RawPort(xsrc_context *ctx, int ifindex, uint32_t mtu, unique_fd send_fd)
+		: ctx_(ctx), ifindex_(ifindex), mtu_(mtu), send_fd_(std::move(send_fd))
 	{
 	}
 	int start_receiving();
@@ -105,7 +105,7 @@ private:
 
 	xsrc_context *ctx_;
 	int ifindex_;
-	uint32_t max_frame_;  // MTU + Ethernet header + one VLAN tag
+	uint32_t mtu_;  // the netdev's: a frame is at most MTU + header (+ a VLAN tag it carries)
 	unique_fd send_fd_;
 	unique_fd recv_fd_, stop_fd_;
 	std::mutex lock_;  // flows_; held while a frame is delivered

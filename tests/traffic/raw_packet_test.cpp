@@ -12,6 +12,7 @@
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <net/if.h>
+#include <sys/ioctl.h>
 #include <netinet/ip.h>
 #include <netinet/ip6.h>
 #include <poll.h>
@@ -31,7 +32,7 @@ constexpr uint16_t kEtherExperimental = 0x88b5;
 constexpr uint8_t kDst[6] = {0x03, 0x78, 0x73, 0x72, 0x63, 0x01};  // local, multicast
 constexpr uint8_t kOtherDst[6] = {0x03, 0x78, 0x73, 0x72, 0x63, 0x02};
 constexpr uint8_t kSrc[6] = {0x02, 0x78, 0x73, 0x72, 0x63, 0x09};
-constexpr size_t kBuf = 2048;
+constexpr size_t kBuf = 16384;  // a slot of the test's buffer: a frame of a jumbo MTU fits
 constexpr auto kWait = std::chrono::seconds(2);
 constexpr auto kQuiet = std::chrono::milliseconds(200);
 
@@ -178,6 +179,12 @@ protected:
 		ASSERT_EQ(ibv_query_gid_ex(ctx, 1, 0, &gid, 0), 0);
 		ifindex = static_cast<int>(gid.ndev_ifindex);
 		ASSERT_GT(ifindex, 0);
+		ifreq ifr{};
+		int s = socket(AF_INET, SOCK_DGRAM, 0);
+		ASSERT_TRUE(if_indextoname(static_cast<unsigned>(ifindex), ifr.ifr_name));
+		ASSERT_EQ(ioctl(s, SIOCGIFMTU, &ifr), 0);
+		close(s);
+		mtu = static_cast<size_t>(ifr.ifr_mtu);
 		pd = ibv_alloc_pd(ctx);
 		cq = ibv_create_cq(ctx, 256, nullptr, nullptr, 0);
 		ASSERT_TRUE(pd && cq);
@@ -299,6 +306,7 @@ protected:
 	ibv_cq *cq = nullptr;
 	ibv_mr *mr = nullptr;
 	int ifindex = 0;
+	size_t mtu = 0;  // the netdev's
 	std::vector<uint8_t> buf;
 	std::vector<ibv_qp *> qps;
 	std::vector<ibv_flow *> flows;
@@ -310,8 +318,20 @@ TEST_F(RawPacket, SentFrameIsOnTheNetdev)
 	ASSERT_TRUE(tap.ok());
 	ibv_qp *qp = raw_qp();
 	ASSERT_NE(qp, nullptr);
-	for (size_t size : {0u, 46u, 1000u, 1500u}) {
-		std::vector<uint8_t> f = eth_frame(kDst, kEtherExperimental, size, static_cast<uint8_t>(size));
+	// Up to the MTU (as far as a slot holds); a frame with a VLAN tag may
+	// carry the tag on top.
+	size_t top = std::min(mtu, kBuf - 18);
+	std::vector<std::vector<uint8_t>> frames;
+	for (size_t size : {size_t(0), size_t(46), std::min(size_t(1000), top), top})
+		frames.push_back(eth_frame(kDst, kEtherExperimental, size, static_cast<uint8_t>(size)));
+	std::vector<uint8_t> tagged = eth_frame(kDst, 0x8100, top + 4, 3);
+	tagged[14] = 0;  // VLAN 5, then the experimental EtherType
+	tagged[15] = 5;
+	tagged[16] = 0x88;
+	tagged[17] = 0xb5;
+	frames.push_back(tagged);
+	for (const std::vector<uint8_t> &f : frames) {
+		size_t size = f.size();
 		ASSERT_EQ(post_send(qp, f, 1), 0);
 		ibv_wc wc{};
 		ASSERT_TRUE(poll(wc));
@@ -474,9 +494,9 @@ TEST_F(RawPacket, SendErrors)
 	ibv_qp *qp = raw_qp();
 	ASSERT_NE(qp, nullptr);
 	ibv_wc wc{};
-	// Longer than the netdev's MTU allows; shorter than an Ethernet header.
-	std::vector<uint8_t> big = eth_frame(kDst, kEtherExperimental, 9000 + 100, 0);
-	std::vector<uint8_t> bigbuf(big);
+	// One byte longer than the netdev's MTU allows (an untagged frame may
+	// not use a VLAN tag's 4 bytes); shorter than an Ethernet header.
+	std::vector<uint8_t> bigbuf = eth_frame(kDst, kEtherExperimental, mtu + 1, 0);
 	ibv_mr *bmr = ibv_reg_mr(pd, bigbuf.data(), bigbuf.size(), 0);
 	ASSERT_NE(bmr, nullptr);
 	ibv_sge sge{reinterpret_cast<uintptr_t>(bigbuf.data()), static_cast<uint32_t>(bigbuf.size()), bmr->lkey};
