@@ -164,6 +164,29 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 // process registered memory for it: the ring is in the arena, which any
 // process can write, so deferred_va is never trusted by itself. A payload
 // that may not be placed turns the completion into IBV_WC_LOC_PROT_ERR.
+// After cq_push() failed for want of room: true the first time, when the
+// overrun is the owner's to hear about (IBV_EVENT_CQ_ERR).
+inline bool cq_first_overrun(xsrc_cq_ring *ring)
+{
+	return atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0;
+}
+
+// After cq_push() placed `cqe`: does it fire the CQ's armed event? If so the
+// arm is consumed (one event per arming). The fence pairs with the seq_cst
+// store that arms the CQ: either we see the arm, or the owner's poll after
+// arming sees this completion.
+inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
+{
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	auto armed = atomic(ring->armed);
+	uint32_t mode = armed.load(std::memory_order_acquire);
+	if (mode == XSRC_CQ_ARMED_NONE)
+		return false;
+	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
+		      cqe.status != IBV_WC_SUCCESS;
+	return wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel);
+}
+
 template <typename MayWrite>
 inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
 {

@@ -158,17 +158,11 @@ void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe)
 	if (!cq_ring_fits(*dev.arena, cq.ring_off, *ring))
 		return;  // a forged ring: its owner gets nothing more from us
 	if (!cq_push(ring, cqe, {}, kRingTries)) {
-		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
+		if (cq_first_overrun(ring))
 			post_cq_event(owner, cq, IBV_EVENT_CQ_ERR);
 		return;
 	}
-	std::atomic_thread_fence(std::memory_order_seq_cst);
-	auto armed = atomic(ring->armed);
-	uint32_t mode = armed.load(std::memory_order_acquire);
-	if (mode == XSRC_CQ_ARMED_NONE)
-		return;
-	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) || cqe.status != IBV_WC_SUCCESS;
-	if (wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel))
+	if (cq_consume_arm(ring, cqe))
 		post_completion_event(owner, cq);
 }
 

@@ -390,19 +390,11 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 	if (!ring_off)
 		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
 	if (!xsrc::cq_push(ring, cqe, payload)) {
-		if (atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0)
+		if (xsrc::cq_first_overrun(ring))
 			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_ERR, ring_off);
 		return;
 	}
-	// Pairs with the seq_cst store in req_notify_cq: either we see the arm,
-	// or the application's poll after arming sees this completion.
-	std::atomic_thread_fence(std::memory_order_seq_cst);
-	auto armed = atomic(ring->armed);
-	uint32_t mode = armed.load(std::memory_order_acquire);
-	if (mode == XSRC_CQ_ARMED_NONE)
-		return;
-	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
-		      cqe.status != IBV_WC_SUCCESS;
-	if (wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel))
+	// req_notify_cq arms with a seq_cst store (cq_consume_arm pairs with it).
+	if (xsrc::cq_consume_arm(ring, cqe))
 		xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, ring_off);
 }
