@@ -80,6 +80,29 @@ bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_se
 	return true;
 }
 
+ibv_wc_status xsrc_peer_recv_buffers(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe, uint32_t owner_pid,
+				     xsrc::PdId pd, uint64_t len, std::array<iovec, XSRC_MAX_RECV_SGE> &iov,
+				     size_t &count, bool &on_demand)
+{
+	uint64_t capacity = 0;
+	count = 0;
+	on_demand = false;
+	for (uint32_t i = 0; i < rwqe.num_sge && capacity < len; ++i) {
+		const xsrc_sge &sge = rwqe.sge[i];
+		if (sge.length == 0)
+			continue;
+		uint64_t take = std::min<uint64_t>(sge.length, len - capacity);
+		uint64_t va;
+		const xsrc_mr_entry *mr = xsrc_peer_live_mr(arena, xsrc::Lkey(sge.lkey));
+		if (!xsrc_peer_mr_range(mr, owner_pid, pd, sge.addr, take, IBV_ACCESS_LOCAL_WRITE, va))
+			return IBV_WC_LOC_PROT_ERR;
+		on_demand |= (mr->access & IBV_ACCESS_ON_DEMAND) != 0;
+		iov[count++] = {reinterpret_cast<void *>(va), take};
+		capacity += take;
+	}
+	return capacity < len ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+
 // --- moving bytes ----------------------------------------------------------
 
 xsrc_peer_path xsrc_peer_path_to(const xsrc_context *ctx, uint32_t pid)

@@ -40,6 +40,15 @@ struct xsrc_local_buffers {
 bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe, bool write,
 			     xsrc_local_buffers &out);
 
+// The buffers of receive `rwqe` of `owner_pid` for `len` bytes, each SGE's
+// lkey checked against the MR table for `pd` and LOCAL_WRITE; or the status
+// explaining why they cannot take them (IBV_WC_LOC_PROT_ERR, _LOC_LEN_ERR).
+// `on_demand`: some are in an ODP MR (whose pages may be unmapped: only
+// process_vm_* may touch them, never the owner's poll).
+ibv_wc_status xsrc_peer_recv_buffers(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe, uint32_t owner_pid,
+				     xsrc::PdId pd, uint64_t len, std::array<iovec, XSRC_MAX_RECV_SGE> &iov,
+				     size_t &count, bool &on_demand);
+
 // --- moving bytes ----------------------------------------------------------
 
 // How the bytes reach a peer's memory: ourselves (the fast path: same PID

@@ -481,23 +481,8 @@ void xsrc_raw_scatter(xsrc_context *ctx, const xsrc::RecvWqe &rwqe, xsrc::PdId p
 {
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t n = 0;
-	uint64_t capacity = 0;
-	ibv_wc_status status = IBV_WC_SUCCESS;
-	for (uint32_t i = 0; i < rwqe.num_sge && capacity < len; ++i) {
-		const xsrc_sge &sge = rwqe.sge[i];
-		uint64_t take = std::min<uint64_t>(sge.length, len - capacity), va;
-		if (take == 0)
-			continue;
-		const xsrc_mr_entry *mr = xsrc_peer_live_mr(ctx->arena, xsrc::Lkey(sge.lkey));
-		if (!xsrc_peer_mr_range(mr, ctx->pid, pd, sge.addr, take, IBV_ACCESS_LOCAL_WRITE, va)) {
-			status = IBV_WC_LOC_PROT_ERR;
-			break;
-		}
-		remote[n++] = {reinterpret_cast<void *>(va), take};
-		capacity += take;
-	}
-	if (status == IBV_WC_SUCCESS && capacity < len)
-		status = IBV_WC_LOC_LEN_ERR;
+	bool on_demand;  // no matter: the copy below is process_vm_writev's
+	ibv_wc_status status = xsrc_peer_recv_buffers(ctx->arena, rwqe, ctx->pid, pd, len, remote, n, on_demand);
 	if (status == IBV_WC_SUCCESS) {
 		// Our own memory, through the kernel: an unmapped page (ODP) is
 		// an error completion, never a fault in this thread.

@@ -157,32 +157,6 @@ bool responder_has_receive(const Responder &r)
 	return r.rq && xsrc::recv_count(r.rq) != 0;
 }
 
-// The responder's receive buffers for `len` bytes, or a status explaining why
-// they cannot take them. `on_demand`: some are in an ODP MR (whose pages
-// may be unmapped: only process_vm_* may touch them, never the owner's poll).
-ibv_wc_status responder_scatter(const xsrc::Arena &arena, const xsrc::RecvWqe &rwqe, const Responder &r,
-				uint64_t len, std::array<iovec, XSRC_MAX_RECV_SGE> &iov, size_t &count,
-				bool &on_demand)
-{
-	uint64_t capacity = 0;
-	count = 0;
-	on_demand = false;
-	for (uint32_t i = 0; i < rwqe.num_sge && capacity < len; ++i) {
-		const xsrc_sge &sge = rwqe.sge[i];
-		if (sge.length == 0)
-			continue;
-		uint64_t take = std::min<uint64_t>(sge.length, len - capacity);
-		uint64_t va;
-		const xsrc_mr_entry *mr = xsrc_peer_live_mr(arena, xsrc::Lkey(sge.lkey));
-		if (!xsrc_peer_mr_range(mr, r.owner_pid, r.pd_id, sge.addr, take, IBV_ACCESS_LOCAL_WRITE, va))
-			return IBV_WC_LOC_PROT_ERR;
-		on_demand |= (mr->access & IBV_ACCESS_ON_DEMAND) != 0;
-		iov[count++] = {reinterpret_cast<void *>(va), take};
-		capacity += take;
-	}
-	return capacity < len ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
-}
-
 // A copy through the device addressed to this responder.
 xsrc_peer_copy responder_copy(const xsrc_qp *qp, const Responder &r)
 {
@@ -306,7 +280,8 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 		std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 		size_t nremote;
 		bool on_demand;
-		ibv_wc_status st = responder_scatter(ctx->arena, rwqe, r, len, remote, nremote, on_demand);
+		ibv_wc_status st =
+			xsrc_peer_recv_buffers(ctx->arena, rwqe, r.owner_pid, r.pd_id, len, remote, nremote, on_demand);
 		if (st != IBV_WC_SUCCESS) {
 			if (ud) {  // UD has no responder errors towards the sender
 				responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, st, IBV_WC_RECV, r.qpn()));
