@@ -59,6 +59,45 @@ static bool make_xrc(Side &s)
 	return (s.qp = ibv_create_qp_ex(s.ctx, &qa)) != nullptr;
 }
 
+// The PD, CQs, MR and QPs of a side whose context is open.
+static bool make_objects(Side &s, bool xrc)
+{
+	s.pd = ibv_alloc_pd(s.ctx);
+	s.send_cq = s.pd ? ibv_create_cq(s.ctx, 64, nullptr, nullptr, 0) : nullptr;
+	s.recv_cq = s.send_cq ? ibv_create_cq(s.ctx, 64, nullptr, s.channel, 0) : nullptr;
+	s.mr = s.recv_cq ? ibv_reg_mr(s.pd, s.buf.data(), Side::kBufBytes,
+				    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					    IBV_ACCESS_REMOTE_ATOMIC)
+			 : nullptr;
+	if (!s.mr) {
+		std::fprintf(stderr, "cannot make the PD, CQs or MR: %s\n", std::strerror(errno));
+		return false;
+	}
+	if (xrc) {
+		if (!make_xrc(s)) {
+			std::fprintf(stderr, "cannot make the XRC objects: %s\n", std::strerror(errno));
+			return false;
+		}
+		return true;
+	}
+	ibv_qp_init_attr attr{};
+	attr.send_cq = s.send_cq;
+	attr.recv_cq = s.recv_cq;
+	attr.qp_type = IBV_QPT_RC;
+	attr.cap = {32, Side::kRecvs + 1, 1, 1, 0};
+	if (s.cm_id) {
+		if (rdma_create_qp(s.cm_id, s.pd, &attr) == 0)
+			s.qp = s.cm_id->qp;
+	} else {
+		s.qp = ibv_create_qp(s.pd, &attr);
+	}
+	if (!s.qp) {
+		std::fprintf(stderr, "cannot make the QP: %s\n", std::strerror(errno));
+		return false;
+	}
+	return true;
+}
+
 bool Side::open(bool with_channel, bool xrc)
 {
 	int n = 0;
@@ -74,34 +113,14 @@ bool Side::open(bool with_channel, bool xrc)
 	}
 	if (with_channel && !(channel = ibv_create_comp_channel(ctx)))
 		return false;
-	pd = ibv_alloc_pd(ctx);
-	send_cq = pd ? ibv_create_cq(ctx, 64, nullptr, nullptr, 0) : nullptr;
-	recv_cq = send_cq ? ibv_create_cq(ctx, 64, nullptr, channel, 0) : nullptr;
-	mr = recv_cq ? ibv_reg_mr(pd, buf.data(), kBufBytes,
-				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-					  IBV_ACCESS_REMOTE_ATOMIC)
-		     : nullptr;
-	if (!mr) {
-		std::fprintf(stderr, "cannot make the PD, CQs or MR: %s\n", std::strerror(errno));
-		return false;
-	}
-	if (xrc) {
-		if (!make_xrc(*this)) {
-			std::fprintf(stderr, "cannot make the XRC objects: %s\n", std::strerror(errno));
-			return false;
-		}
-		return true;
-	}
-	ibv_qp_init_attr attr{};
-	attr.send_cq = send_cq;
-	attr.recv_cq = recv_cq;
-	attr.qp_type = IBV_QPT_RC;
-	attr.cap = {32, kRecvs + 1, 1, 1, 0};
-	if (!(qp = ibv_create_qp(pd, &attr))) {
-		std::fprintf(stderr, "cannot make the QP: %s\n", std::strerror(errno));
-		return false;
-	}
-	return true;
+	return make_objects(*this, xrc);
+}
+
+bool Side::open_on(rdma_cm_id *id)
+{
+	cm_id = id;
+	ctx = id->verbs;
+	return make_objects(*this, false);
 }
 
 Info Side::info() const
@@ -186,7 +205,9 @@ int Side::teardown()
 			first = err;
 	};
 	if (qp)
-		note(ibv_destroy_qp(qp));
+		note(ibv_destroy_qp(qp));  // what rdma_destroy_qp does, with the result kept
+	if (cm_id)
+		cm_id->qp = nullptr;
 	if (xrc_recv)
 		note(ibv_destroy_qp(xrc_recv));
 	if (srq)
@@ -203,9 +224,9 @@ int Side::teardown()
 		note(ibv_dealloc_pd(pd));
 	if (channel)
 		note(ibv_destroy_comp_channel(channel));
-	if (ctx)
+	if (ctx && !cm_id)
 		note(ibv_close_device(ctx));
-	qp = xrc_recv = nullptr, srq = nullptr, xrcd = nullptr, mr = nullptr, recv_cq = send_cq = nullptr, pd = nullptr, channel = nullptr, ctx = nullptr;
+	qp = xrc_recv = nullptr, srq = nullptr, xrcd = nullptr, mr = nullptr, recv_cq = send_cq = nullptr, pd = nullptr, channel = nullptr, ctx = nullptr, cm_id = nullptr;
 	return first;
 }
 

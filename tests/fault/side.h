@@ -5,6 +5,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <chrono>
 #include <cstdint>
@@ -48,6 +49,7 @@ struct Side {
 	ibv_srq *srq = nullptr;
 	ibv_qp *xrc_recv = nullptr;
 	ibv_mr *mr = nullptr;
+	rdma_cm_id *cm_id = nullptr;   // its QP is the id's (rdma_create_qp), its context librdmacm's
 	std::vector<uint64_t> buf = std::vector<uint64_t>(kBufBytes / 8);
 
 	Side() = default;
@@ -57,6 +59,9 @@ struct Side {
 
 	// Opens xsrc0 and makes everything; false with errno and a message on stderr.
 	bool open(bool with_channel, bool xrc = false);
+	// Makes everything on the context of `id` (librdmacm's: not ours to
+	// close), the RC QP through rdma_create_qp; false with a message.
+	bool open_on(rdma_cm_id *id);
 	Info info() const;
 	// RTS towards `peer`; retries fast, so a dead peer is found within a few ms.
 	bool connect(const Info &peer);
