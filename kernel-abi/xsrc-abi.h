@@ -38,8 +38,11 @@
  * XSRC_CMD_BIND_MW and XSRC_CMD_INVALIDATE, and the window fields of the
  * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn).
  * Revision 5 added the CQ ring's big payload slots (xsrc-queues.h,
- * XSRC_CQE_DEFERRED_BIG). */
-#define XSRC_DRIVER_ABI_REVISION 5
+ * XSRC_CQE_DEFERRED_BIG).
+ * Revision 6 added import (ibv_import_device, _pd, _mr):
+ * XSRC_CMD_IMPORT_CONTEXT, XSRC_CMD_QUERY_OBJECT and the one uverbs ioctl
+ * libibverbs sends for an imported context (ASYNC_EVENT_ALLOC). */
+#define XSRC_DRIVER_ABI_REVISION 6
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -173,6 +176,16 @@ enum {
 	 * response: EINVAL when the rkey names no window that may be
 	 * invalidated there. */
 	XSRC_CMD_INVALIDATE = 0xf4,
+	/* v6: a second provider context on this command file (ibv_import_device
+	 * of a dup of it). The caller names a pipe of its own whose read end the
+	 * RDMA_VERBS_IOCTL ASYNC_EVENT_ALLOC that libibverbs sends next hands
+	 * out as the imported context's async_fd. The response is what
+	 * GET_CONTEXT answered (struct xsrc_get_context_resp). EINVAL before
+	 * GET_CONTEXT. */
+	XSRC_CMD_IMPORT_CONTEXT = 0xf5,
+	/* v6: what an object handle of this context names (ibv_import_pd,
+	 * ibv_import_mr): EINVAL when it names no object of that type. */
+	XSRC_CMD_QUERY_OBJECT = 0xf6,
 };
 
 enum xsrc_event_kind {
@@ -196,6 +209,38 @@ struct xsrc_channel_pool {
 	__u32 comp_mask;       /* 0 */
 	__u32 reserved;        /* 0 */
 	struct xsrc_fd_pair fds; /* both XSRC_NO_FD: query only */
+};
+
+/* XSRC_CMD_IMPORT_CONTEXT (v6); the response is struct xsrc_get_context_resp. */
+struct xsrc_import_context {
+	__aligned_u64 response;
+	__u32 comp_mask;         /* 0 */
+	__u32 reserved;          /* 0 */
+	struct xsrc_fd_pair async_fds; /* a pipe of the caller's: rd becomes the async_fd */
+};
+
+/* XSRC_CMD_QUERY_OBJECT (v6) */
+enum xsrc_object_type {
+	XSRC_OBJECT_PD = 1,
+	XSRC_OBJECT_MR = 2,
+};
+
+struct xsrc_query_object {
+	__aligned_u64 response;
+	__u32 type;              /* enum xsrc_object_type */
+	__u32 handle;
+};
+
+struct xsrc_query_object_resp {
+	__u32 pd_handle;         /* MR: its PD's handle; PD: the handle asked */
+	__u32 pd_id;             /* the PD's device-wide id */
+	__u32 lkey;              /* MR only, as the rest */
+	__u32 rkey;
+	__aligned_u64 addr;      /* where the MR's bytes are in its owner */
+	__aligned_u64 iova;
+	__aligned_u64 length;
+	__u32 access;            /* IB_UVERBS_ACCESS_* */
+	__u32 reserved;
 };
 
 struct xsrc_channel_pool_resp {

@@ -35,6 +35,10 @@ enum RecordFlags : uint8_t {
 	// length, so that mutated records still reach the handlers. Never set by
 	// a capture: what the caller wrote is what it wrote.
 	kFixLengths = 1u << 3,
+	// The record is an RDMA_VERBS_IOCTL (driver ABI r6): the header and the
+	// attributes the caller's pointer names; a replay places them in its
+	// response area (at the record's slot) and passes that address.
+	kIoctl = 1u << 4,
 };
 
 inline constexpr size_t kMaxRecordLength = UINT16_MAX;

@@ -51,6 +51,34 @@ std::span<const std::byte> get_context_resp_bytes(const Context &ctx, xsrc_get_c
 	return as_bytes_of(dresp).first(offsetof(xsrc_get_context_resp, caller_pid));
 }
 
+// What GET_CONTEXT (and IMPORT_CONTEXT) tell the provider of the context.
+xsrc_get_context_resp context_resp(const Context &ctx, const Caller &caller)
+{
+	xsrc_get_context_resp dresp{};
+	dresp.driver_abi = abi_revision(ctx);
+	dresp.context_id = ctx.id;
+	dresp.max_inline_data = DeviceLimits::max_inline_data;
+	dresp.channel_pool_free = static_cast<uint32_t>(ctx.channel_pool.size());
+	// r2: who the caller is to the device (a provider in another PID
+	// namespace sees another pid) and that XSRC_CMD_COPY moves bytes for it.
+	dresp.comp_mask = XSRC_GET_CONTEXT_RESP_MASK_CALLER;
+	dresp.caller_pid = static_cast<uint32_t>(caller.pid());
+	dresp.caller_uid = static_cast<uint32_t>(ctx.uid);
+	dresp.caps = XSRC_CAP_COPY;
+	return dresp;
+}
+
+// A private command's comp_mask (none defined), reserved word and driver
+// data (none): EOPNOTSUPP, EINVAL, EOPNOTSUPP when set.
+int check_private_command(uint32_t comp_mask, uint32_t reserved, const Request &req)
+{
+	if (int err = check_comp_mask(comp_mask, 0))
+		return err;
+	if (reserved)
+		return refuse(EINVAL, "non-zero reserved field");
+	return check_no_driver_data(req);
+}
+
 }  // namespace
 
 int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
@@ -80,17 +108,8 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	ib_uverbs_get_context_resp resp{};
 	resp.async_fd = drv.async_fds.rd_fd;
 	resp.num_comp_vectors = DeviceLimits::num_comp_vectors;
-	xsrc_get_context_resp dresp{};
-	dresp.driver_abi = abi_revision(ctx);
-	dresp.context_id = ctx.id;
-	dresp.max_inline_data = DeviceLimits::max_inline_data;
+	xsrc_get_context_resp dresp = context_resp(ctx, caller);
 	dresp.channel_pool_free = static_cast<uint32_t>(pool.size());
-	// r2: who the caller is to the device (a provider in another PID
-	// namespace sees another pid) and that XSRC_CMD_COPY moves bytes for it.
-	dresp.comp_mask = XSRC_GET_CONTEXT_RESP_MASK_CALLER;
-	dresp.caller_pid = static_cast<uint32_t>(caller.pid());
-	dresp.caller_uid = static_cast<uint32_t>(ctx.uid);
-	dresp.caps = XSRC_CAP_COPY;
 	if (int err = respond(caller, req, as_bytes_of(resp), get_context_resp_bytes(ctx, dresp)))
 		return err;
 
@@ -98,6 +117,28 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	ctx.async_rd = std::move(async_rd);
 	ctx.channel_pool = std::move(pool);
 	ctx.initialised = true;
+	return 0;
+}
+
+int cmd_import_context(Context &ctx, Caller &caller, const Request &req)
+{
+	if (!ctx.initialised)
+		return refuse(EINVAL, "IMPORT_CONTEXT before GET_CONTEXT");
+	auto cmd = load<xsrc_import_context>(req.core);
+	if (int err = check_private_command(cmd.comp_mask, cmd.reserved, req))
+		return err;
+	if (req.resp_len < sizeof(xsrc_get_context_resp))
+		return refuse(ENOSPC, "no room for the response");
+	// Checked as GET_CONTEXT checks its pipe; the caller keeps both ends
+	// (it raises its own DEVICE_FATAL there), so our copies go again.
+	unique_fd wr, rd;
+	if (int err = take_pipe(caller, cmd.async_fds, wr, &rd))
+		return err;
+	xsrc_get_context_resp dresp = context_resp(ctx, caller);
+	if (int err = respond(caller, req, as_bytes_of(dresp)))
+		return err;
+	ctx.import_async = Context::ImportedAsync{caller.pid(), static_cast<int>(cmd.async_fds.rd_fd)};
+	ctx.imported = true;
 	return 0;
 }
 
@@ -165,11 +206,7 @@ int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req)
 int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<xsrc_channel_pool>(req.core);
-	if (int err = check_comp_mask(cmd.comp_mask, 0))
-		return err;
-	if (cmd.reserved)
-		return refuse(EINVAL, "non-zero reserved field");
-	if (int err = check_no_driver_data(req))
+	if (int err = check_private_command(cmd.comp_mask, cmd.reserved, req))
 		return err;
 	bool query_only = cmd.fds.rd_fd == XSRC_NO_FD && cmd.fds.wr_fd == XSRC_NO_FD;
 	unique_fd wr, rd;

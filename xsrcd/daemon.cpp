@@ -373,6 +373,16 @@ int Daemon::open_context(const std::string &device, pid_t tid, uid_t uid, uint64
 
 int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 {
+	return run_on_context(id, tid, [&](Context &ctx, Caller &caller) { return dispatch_command(ctx, caller, command); });
+}
+
+int Daemon::execute_ioctl(uint64_t id, pid_t tid, std::span<const std::byte> header, uint64_t arg)
+{
+	return run_on_context(id, tid, [&](Context &ctx, Caller &caller) { return dispatch_ioctl(ctx, caller, header, arg); });
+}
+
+int Daemon::run_on_context(uint64_t id, pid_t tid, const std::function<int(Context &, Caller &)> &run)
+{
 	// A forked child may write to its parent's command file: it then gets
 	// the responses in its own memory and its own fds are the ones taken.
 	std::unique_ptr<ProcessCaller> other;
@@ -399,7 +409,7 @@ int Daemon::execute(uint64_t id, pid_t tid, std::span<const std::byte> command)
 	// for the write), so `ctx` stays valid across command_yield().
 	YieldableLock yieldable{&lock, &waiting_};
 	CommandLockScope scope(yieldable);
-	return dispatch_command(ctx, other ? *other : *ctx.caller, command);
+	return run(ctx, other ? *other : *ctx.caller);
 }
 
 void Daemon::release_context(uint64_t id)

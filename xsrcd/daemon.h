@@ -46,6 +46,8 @@ public:
 	std::vector<std::string> device_names();
 	int open_context(const std::string &device, pid_t tid, uid_t uid, uint64_t &id);
 	int execute(uint64_t id, pid_t tid, std::span<const std::byte> command);
+	// An RDMA_VERBS_IOCTL on the command file (dispatch_ioctl).
+	int execute_ioctl(uint64_t id, pid_t tid, std::span<const std::byte> header, uint64_t arg);
 	void release_context(uint64_t id);
 	bool context_owner(uint64_t id, uid_t &uid);
 
@@ -68,6 +70,10 @@ public:
 	void owner_exits();
 
 private:
+	// Runs `run` on context `id` for the calling thread `tid`, under the
+	// daemon's lock (yieldable); the caller is the context's owner, or the
+	// thread's own process (a forked child).
+	int run_on_context(uint64_t id, pid_t tid, const std::function<int(Context &, Caller &)> &run);
 	// mu_, counted while waited for (command_yield() lets waiters in).
 	std::unique_lock<std::mutex> lock();
 	Device *find_device_locked(const std::string &name);

@@ -105,6 +105,10 @@ const CommandTable &write_commands()
 		t[XSRC_CMD_BIND_MW] = spec<xsrc_bind_mw>("XSRC_BIND_MW", cmd_bind_mw, false);
 		t[XSRC_CMD_INVALIDATE] =
 			spec<xsrc_invalidate>("XSRC_INVALIDATE", cmd_invalidate, false);
+		t[XSRC_CMD_IMPORT_CONTEXT] =
+			spec<xsrc_import_context>("XSRC_IMPORT_CONTEXT", cmd_import_context, true);
+		t[XSRC_CMD_QUERY_OBJECT] =
+			spec<xsrc_query_object>("XSRC_QUERY_OBJECT", cmd_query_object, true);
 		return t;
 	}();
 	return table;
@@ -145,6 +149,9 @@ uint32_t command_revision(uint32_t num)
 	case XSRC_CMD_BIND_MW:
 	case XSRC_CMD_INVALIDATE:
 		return 4;
+	case XSRC_CMD_IMPORT_CONTEXT:
+	case XSRC_CMD_QUERY_OBJECT:
+		return 6;
 	default:
 		return 1;
 	}

@@ -18,6 +18,12 @@ namespace xsrc {
 // Called with the daemon's lock held.
 int dispatch_command(Context &ctx, Caller &caller, std::span<const std::byte> bytes);
 
+// Executes one RDMA_VERBS_IOCTL: `header` is its ib_uverbs_ioctl_hdr (what
+// FUSE copied in), `arg` the caller's pointer to it, the attribute array
+// following it in the caller. ENOTTY for every method but the one served
+// (ioctl_commands.cpp). Called with the daemon's lock held.
+int dispatch_ioctl(Context &ctx, Caller &caller, std::span<const std::byte> header, uint64_t arg);
+
 // Destroys every object `ctx` owns (its process closed the device or died).
 void destroy_context_objects(Context &ctx);
 

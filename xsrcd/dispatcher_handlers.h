@@ -17,6 +17,8 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req);
 int cmd_query_port(Context &ctx, Caller &caller, const Request &req);
 int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req);
 int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req);
+int cmd_import_context(Context &ctx, Caller &caller, const Request &req);  // r6
+int cmd_query_object(Context &ctx, Caller &caller, const Request &req);    // r6
 
 // pd_mr_commands.cpp
 int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req);

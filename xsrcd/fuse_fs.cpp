@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fuse3/fuse_lowlevel.h>
+#include <rdma/rdma_user_ioctl.h>
 #include <poll.h>
 #include <sys/mount.h>
 #include <sys/sysmacros.h>
@@ -429,11 +430,25 @@ void op_write(fuse_req_t req, fuse_ino_t, const char *buf, size_t size, off_t, f
 		fuse_reply_write(req, size);
 }
 
-void op_ioctl(fuse_req_t req, fuse_ino_t, unsigned int, void *, fuse_file_info *, unsigned,
-	      const void *, size_t, size_t)
+// RDMA_VERBS_IOCTL on a command file: its header is what FUSE copies in and
+// out (the size the command number encodes); dispatch_ioctl serves the one
+// method libibverbs cannot do without. Anything else is ENOTTY, which makes
+// libibverbs use the write ABI.
+void op_ioctl(fuse_req_t req, fuse_ino_t, unsigned int cmd, void *arg, fuse_file_info *fi, unsigned flags,
+	      const void *in_buf, size_t in_bufsz, size_t out_bufsz)
 {
-	// No ioctl ABI: ENOTTY makes libibverbs use the write ABI for everything.
-	fuse_reply_err(req, ENOTTY);
+	if ((fi->fh & kCmFh) || cmd != RDMA_VERBS_IOCTL || (flags & FUSE_IOCTL_COMPAT) ||
+	    in_bufsz != sizeof(ib_uverbs_ioctl_hdr) || out_bufsz != sizeof(ib_uverbs_ioctl_hdr)) {
+		fuse_reply_err(req, ENOTTY);
+		return;
+	}
+	std::span<const std::byte> header(static_cast<const std::byte *>(in_buf), in_bufsz);
+	int err = state(req).daemon->execute_ioctl(fi->fh, fuse_req_ctx(req)->pid, header,
+						   reinterpret_cast<uintptr_t>(arg));
+	if (err)
+		fuse_reply_err(req, err);
+	else
+		fuse_reply_ioctl(req, 0, in_buf, in_bufsz);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info *fi)

@@ -247,6 +247,15 @@ struct Context {
 	uint32_t next_handle = 0;
 	std::map<uint32_t, Object> objects;
 
+	// r6: the async pipe an IMPORT_CONTEXT named, which the ioctl
+	// ASYNC_EVENT_ALLOC that follows hands out (its read end, in `pid`).
+	struct ImportedAsync {
+		pid_t pid = -1;
+		int rd_fd = -1;
+	};
+	std::optional<ImportedAsync> import_async;
+	bool imported = false;  // an IMPORT_CONTEXT was served: creates may come by ioctl
+
 	// Writes one async event. False when it was not delivered (no pipe yet,
 	// or the pipe is full: then it is counted as dropped).
 	bool post_async_event(uint64_t element, uint32_t event_type);

@@ -99,6 +99,46 @@ int cmd_dealloc_pd(Context &ctx, Caller &, const Request &req)
 	return 0;
 }
 
+// r6: what ibv_import_pd and ibv_import_mr learn of a handle of this
+// context (the same command file, so the same objects).
+int cmd_query_object(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<xsrc_query_object>(req.core);
+	if (int err = check_no_driver_data(req))
+		return err;
+	if (req.resp_len < sizeof(xsrc_query_object_resp))
+		return refuse(ENOSPC, "no room for the response");
+	xsrc_query_object_resp resp{};
+	switch (cmd.type) {
+	case XSRC_OBJECT_PD: {
+		const Pd *pd = lookup<Pd>(ctx, cmd.handle);
+		if (!pd)
+			return refuse(EINVAL, "no such PD handle");
+		resp.pd_handle = cmd.handle;
+		resp.pd_id = pd->pd_id.value();
+		break;
+	}
+	case XSRC_OBJECT_MR: {
+		const Mr *mr = lookup<Mr>(ctx, cmd.handle);
+		const Pd *pd = mr ? lookup<Pd>(ctx, mr->pd_handle) : nullptr;
+		if (!pd)
+			return refuse(EINVAL, "no such MR handle");
+		resp.pd_handle = mr->pd_handle.value();
+		resp.pd_id = pd->pd_id.value();
+		resp.lkey = mr->lkey.value();
+		resp.rkey = mr->rkey.value();
+		resp.addr = mr->addr;
+		resp.iova = mr->iova;
+		resp.length = mr->length;
+		resp.access = mr->access;
+		break;
+	}
+	default:
+		return refuse(EINVAL, "no such object type");
+	}
+	return respond(caller, req, as_bytes_of(resp));
+}
+
 int cmd_reg_mr(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<ib_uverbs_reg_mr>(req.core);

@@ -11,6 +11,9 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 
 namespace {
@@ -25,12 +28,37 @@ constexpr uint32_t kNoAccessKeyBase = 0xff000000u;
 constexpr unsigned kDmMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 				 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
 
+// The memory of a DM: unmapped when the last DM object holding it goes (the
+// allocation, and those imported from it).
+struct dm_mapping {
+	void *base = MAP_FAILED;
+	size_t mapped = 0;  // the length rounded up to whole pages
+	~dm_mapping()
+	{
+		if (base != MAP_FAILED)
+			munmap(base, mapped);
+	}
+};
+
 struct xsrc_dm {
 	ibv_dm dm;
-	void *base = MAP_FAILED;
+	std::shared_ptr<dm_mapping> memory;
+	void *base = MAP_FAILED;  // memory->base
 	size_t length = 0;
-	size_t mapped = 0;  // length rounded up to whole pages
 };
+
+// The DMs of this process by handle, for ibv_import_dm (r6): a DM lives in
+// the provider, so its handle is ours, unique in the process, and an import
+// must come from a context on the same command file (the same device
+// context) as the allocation.
+struct dm_entry {
+	uint64_t context_id = 0;
+	std::weak_ptr<dm_mapping> memory;
+	size_t length = 0;
+};
+std::mutex dm_table_lock;
+std::map<uint32_t, dm_entry> dm_table;
+uint32_t dm_next_handle = 1;
 
 xsrc_dm *to_xsrc_dm(ibv_dm *dm)
 {
@@ -93,36 +121,69 @@ ibv_dm *xsrc_alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
-	auto *dm = new (std::nothrow) xsrc_dm{};
-	if (!dm) {
-		verbs_err(vctx, "alloc_dm: no memory for the DM\n");
-		errno = ENOMEM;
-		return nullptr;
-	}
-	long page = sysconf(_SC_PAGESIZE);
-	dm->length = attr->length;
-	dm->mapped = (attr->length + page - 1) / page * page;
-	// Shared, so that it stays one object across fork() as device memory would.
-	dm->base = mmap(nullptr, dm->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (dm->base == MAP_FAILED) {
-		int err = errno;
-		verbs_err(vctx, "alloc_dm: cannot map %zu bytes: %s\n", dm->mapped, strerror(err));
-		delete dm;
-		errno = err;
-		return nullptr;
-	}
-	dm->dm.context = ibctx;
-	dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
-	dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
-	return &dm->dm;
+	return xsrc_boundary(vctx, "alloc_dm", [&]() -> ibv_dm * {
+		auto dm = std::make_unique<xsrc_dm>();
+		dm->memory = std::make_shared<dm_mapping>();
+		long page = sysconf(_SC_PAGESIZE);
+		dm->length = attr->length;
+		dm->memory->mapped = (attr->length + page - 1) / page * page;
+		// Shared, so that it stays one object across fork() as device memory would.
+		dm->memory->base = mmap(nullptr, dm->memory->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (dm->memory->base == MAP_FAILED) {
+			int err = errno;
+			verbs_err(vctx, "alloc_dm: cannot map %zu bytes: %s\n", dm->memory->mapped, strerror(err));
+			errno = err;
+			return nullptr;
+		}
+		dm->base = dm->memory->base;
+		dm->dm.context = ibctx;
+		dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
+		dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
+		std::lock_guard guard(dm_table_lock);
+		dm->dm.handle = dm_next_handle++;
+		dm_table[dm->dm.handle] = {to_xsrc_ctx(ibctx)->context_id, dm->memory, dm->length};
+		return &dm.release()->dm;
+	});
 }
 
 int xsrc_free_dm(ibv_dm *ibdm)
 {
-	xsrc_dm *dm = to_xsrc_dm(ibdm);
-	munmap(dm->base, dm->mapped);
-	delete dm;
+	{
+		std::lock_guard guard(dm_table_lock);
+		dm_table.erase(ibdm->handle);  // imports of it keep the memory until they go
+	}
+	delete to_xsrc_dm(ibdm);
 	return 0;
+}
+
+ibv_dm *xsrc_import_dm(ibv_context *ibctx, uint32_t dm_handle)
+{
+	verbs_context *vctx = &to_xsrc_ctx(ibctx)->ibv_ctx;
+	return xsrc_boundary(vctx, "import_dm", [&]() -> ibv_dm * {
+		auto dm = std::make_unique<xsrc_dm>();
+		{
+			std::lock_guard guard(dm_table_lock);
+			auto it = dm_table.find(dm_handle);
+			if (it == dm_table.end() || it->second.context_id != to_xsrc_ctx(ibctx)->context_id ||
+			    !(dm->memory = it->second.memory.lock())) {
+				verbs_err(vctx, "import_dm: handle %u names no DM of this device context\n", dm_handle);
+				errno = EINVAL;
+				return nullptr;
+			}
+			dm->length = it->second.length;
+		}
+		dm->base = dm->memory->base;
+		dm->dm.context = ibctx;
+		dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
+		dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
+		dm->dm.handle = dm_handle;
+		return &dm.release()->dm;
+	});
+}
+
+void xsrc_unimport_dm(ibv_dm *ibdm)
+{
+	delete to_xsrc_dm(ibdm);
 }
 
 ibv_mr *xsrc_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t dm_offset, size_t length, unsigned int access)

@@ -131,21 +131,36 @@ ibv_mr *xsrc_mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va,
 		errno = err;
 		return nullptr;
 	}
-	try {
-		// An ODP MR's pages may be unmapped: no payload is placed in
-		// them by a poll (the sender never defers into one).
-		if (access & IBV_ACCESS_ON_DEMAND)
-			ctx->odp_mrs.add({vmr->ibv_mr.lkey, pd, hca_va, length, reinterpret_cast<uintptr_t>(addr),
-					  (access & IBV_ACCESS_LOCAL_WRITE) != 0});
-		else if (access & IBV_ACCESS_LOCAL_WRITE)
-			ctx->local_mrs.add(reinterpret_cast<uintptr_t>(addr), length);
-	} catch (const std::bad_alloc &) {
+	if (!xsrc_mr_track(ctx, {vmr->ibv_mr.lkey, pd, reinterpret_cast<uintptr_t>(addr), length, hca_va}, access)) {
 		verbs_err(&ctx->ibv_ctx, "reg_mr: no memory to record %zu bytes at %p as ours\n", length, addr);
 		ibv_cmd_dereg_mr(vmr.get());
 		errno = ENOMEM;
 		return nullptr;
 	}
 	return &vmr.release()->ibv_mr;
+}
+
+bool xsrc_mr_track(xsrc_context *ctx, const xsrc_mr_span &mr, int access) noexcept
+{
+	try {
+		// An ODP MR's pages may be unmapped: no payload is placed in
+		// them by a poll (the sender never defers into one).
+		if (access & IBV_ACCESS_ON_DEMAND)
+			ctx->odp_mrs.add({mr.lkey, mr.pd, mr.iova, mr.length, mr.addr, (access & IBV_ACCESS_LOCAL_WRITE) != 0});
+		else if (access & IBV_ACCESS_LOCAL_WRITE)
+			ctx->local_mrs.add(mr.addr, mr.length);
+		return true;
+	} catch (const std::bad_alloc &) {
+		return false;
+	}
+}
+
+void xsrc_mr_untrack(xsrc_context *ctx, const ibv_mr &mr, int access) noexcept
+{
+	if (access & IBV_ACCESS_ON_DEMAND)
+		ctx->odp_mrs.remove(mr.lkey);
+	else if (access & IBV_ACCESS_LOCAL_WRITE)
+		ctx->local_mrs.remove(reinterpret_cast<uintptr_t>(mr.addr), mr.length);
 }
 
 namespace {
@@ -198,10 +213,7 @@ int xsrc_dereg_mr(verbs_mr *vmr)
 		verbs_err(&ctx->ibv_ctx, "dereg_mr: the device refused lkey 0x%x: %s\n", mr.lkey, strerror(err));
 		return err;
 	}
-	if (vmr->access & IBV_ACCESS_ON_DEMAND)  // as mr_register recorded it
-		ctx->odp_mrs.remove(mr.lkey);
-	else if (vmr->access & IBV_ACCESS_LOCAL_WRITE)
-		ctx->local_mrs.remove(reinterpret_cast<uintptr_t>(mr.addr), mr.length);
+	xsrc_mr_untrack(ctx, mr, vmr->access);  // as mr_register recorded it
 	delete vmr;
 	return 0;
 }
@@ -286,6 +298,11 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.free_context = xsrc_free_context,
 	.free_dm = xsrc_free_dm,
 	.get_srq_num = xsrc_get_srq_num,
+#if XSRC_DRIVER_ABI_REVISION >= 6
+	.import_dm = xsrc_import_dm,
+	.import_mr = xsrc_import_mr,
+	.import_pd = xsrc_import_pd,
+#endif
 	.modify_qp = xsrc_modify_qp,
 	.modify_srq = xsrc_modify_srq,
 	.modify_wq = xsrc_modify_wq,
@@ -305,4 +322,9 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.req_notify_cq = xsrc_req_notify_cq,
 	.rereg_mr = xsrc_rereg_mr,
 	.resize_cq = xsrc_resize_cq,
+#if XSRC_DRIVER_ABI_REVISION >= 6
+	.unimport_dm = xsrc_unimport_dm,
+	.unimport_mr = xsrc_unimport_mr,
+	.unimport_pd = xsrc_unimport_pd,
+#endif
 };

@@ -38,24 +38,11 @@ namespace {
 // Returns 0 or errno.
 int channel_pool_cmd(int cmd_fd, xsrc_fd_pair fds, uint32_t &free_count)
 {
-	struct request {
-		ib_uverbs_cmd_hdr hdr;
-		xsrc_channel_pool body;
-	};
-	static_assert(sizeof(request) ==
-		      sizeof(ib_uverbs_cmd_hdr) + sizeof(xsrc_channel_pool));
+	xsrc_channel_pool cmd{};
+	cmd.fds = fds;
 	xsrc_channel_pool_resp resp{};
-	request cmd{};
-
-	xsrc_cmd_header(cmd.hdr, XSRC_CMD_CHANNEL_POOL, sizeof(cmd), sizeof(resp));
-	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
-	cmd.body.fds = fds;
-
-	ssize_t written = write(cmd_fd, &cmd, sizeof(cmd));
-	if (written < 0)
-		return errno;
-	if (static_cast<size_t>(written) != sizeof(cmd))
-		return EIO;
+	if (int err = xsrc_private_command(cmd_fd, XSRC_CMD_CHANNEL_POOL, cmd, resp))
+		return err;
 	free_count = resp.channel_pool_free;
 	return 0;
 }
@@ -265,6 +252,70 @@ struct context_deleter {
 };
 using context_ptr = std::unique_ptr<xsrc_context, context_deleter>;
 
+// libibverbs' allocation of the context on `cmd_fd` (which it takes, also
+// when it fails) with our members made in place. Returns 0 or errno.
+int context_alloc(ibv_device *ibdev, int cmd_fd, context_ptr &out)
+{
+	void *mem = _verbs_init_and_alloc_context(ibdev, cmd_fd, sizeof(xsrc_context), nullptr, RDMA_DRIVER_UNKNOWN);
+	if (!mem)
+		return errno;
+	auto *raw = static_cast<xsrc_context *>(mem);
+	xsrc_context_construct(raw);
+	out.reset(raw);
+	return 0;
+}
+
+// What GET_CONTEXT (or IMPORT_CONTEXT) answered, taken; then the arena,
+// the port, the watch thread and the ops. Returns 0 with the context in
+// `out`, or errno (the context is then freed).
+int context_finish(ibv_device *ibdev, context_ptr ctx, const xsrc_get_context_resp &dresp, xsrc_context **out)
+{
+	verbs_context *vctx = &ctx->ibv_ctx;
+	ctx->max_inline_data = dresp.max_inline_data;
+	ctx->context_id = dresp.context_id;
+	ctx->pid = getpid();
+	ctx->direct = true;  // an r1 device: same PID namespace, as always
+	ctx->can_copy = false;
+#if XSRC_DRIVER_ABI_REVISION >= 2
+	if (dresp.driver_abi >= 2 && (dresp.comp_mask & XSRC_GET_CONTEXT_RESP_MASK_CALLER)) {
+		// Arena owner_pid values are pids as the device sees them; in
+		// another PID namespace they name other processes here, so we
+		// never touch a peer's memory ourselves there.
+		ctx->pid = static_cast<pid_t>(dresp.caller_pid);
+		ctx->direct = ctx->pid == getpid();
+		ctx->can_copy = dresp.caps & XSRC_CAP_COPY;
+	}
+#endif
+	int err;
+	if ((err = context_map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))) {
+		verbs_err(vctx, "cannot map the device arena (%s %s): %s\n",
+			  XSRC_SYSFS_SHM_FILE, err == EPROTO ? "has another magic, version or size" : "failed",
+			  strerror(err));
+		return err;
+	}
+#if XSRC_DRIVER_ABI_REVISION >= 3
+	// Multicast came with revision 3; an older daemon's arena has no table.
+	if (dresp.driver_abi >= 3)
+		ctx->mcast = ctx->arena.mcast_table();
+#endif
+	ibv_port_attr port{};
+	struct ibv_query_port qcmd{};
+	if ((err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))) {
+		verbs_err(vctx, "the device refused QUERY_PORT 1: %s\n", strerror(err));
+		return err;
+	}
+	ctx->port_mtu_bytes = kMtuUnitBytes << port.active_mtu;
+	ctx->transport = &xsrc_shm_transport;
+
+	if ((err = xsrc_death_watch_start(ctx.get()))) {
+		verbs_err(vctx, "cannot start the device watch thread: %s\n", strerror(err));
+		return err;
+	}
+	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
+	*out = ctx.release();
+	return 0;
+}
+
 // Returns 0 or errno. Owns cmd_fd from the start: on failure it is closed.
 int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 {
@@ -284,15 +335,9 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	}
 	cmd_file.reset();
 
-	// Takes cmd_fd, also when it fails.
-	void *mem = _verbs_init_and_alloc_context(ibdev, cmd_fd.release(),
-						  sizeof(xsrc_context), nullptr,
-						  RDMA_DRIVER_UNKNOWN);
-	if (!mem)
-		return errno;
-	auto *raw = static_cast<xsrc_context *>(mem);
-	xsrc_context_construct(raw);
-	context_ptr ctx(raw);
+	context_ptr ctx;
+	if (int err = context_alloc(ibdev, cmd_fd.release(), ctx))
+		return err;
 	verbs_context *vctx = &ctx->ibv_ctx;
 
 	pipe_fds async_pipe;
@@ -339,49 +384,41 @@ int context_create(ibv_device *ibdev, int cmd_fd_arg, xsrc_context **out)
 	ctx->async_wr = std::move(async_pipe.wr);
 	for (pipe_fds &pipe : channel_pipes)
 		channel_pool_add(ctx->channels, pipe.rd.release());
-	ctx->max_inline_data = resp.driver().max_inline_data;
-	ctx->pid = getpid();
-	ctx->direct = true;  // an r1 device: same PID namespace, as always
-	ctx->can_copy = false;
-#if XSRC_DRIVER_ABI_REVISION >= 2
-	const xsrc_get_context_resp &dresp = resp.driver();
-	if (dresp.driver_abi >= 2 && (dresp.comp_mask & XSRC_GET_CONTEXT_RESP_MASK_CALLER)) {
-		// Arena owner_pid values are pids as the device sees them; in
-		// another PID namespace they name other processes here, so we
-		// never touch a peer's memory ourselves there.
-		ctx->pid = static_cast<pid_t>(dresp.caller_pid);
-		ctx->direct = ctx->pid == getpid();
-		ctx->can_copy = dresp.caps & XSRC_CAP_COPY;
-	}
-#endif
-	if ((err = context_map_arena(to_xsrc_dev(ibdev)->sysfs_dev, ctx->arena))) {
-		verbs_err(vctx, "cannot map the device arena (%s %s): %s\n",
-			  XSRC_SYSFS_SHM_FILE, err == EPROTO ? "has another magic, version or size" : "failed",
-			  strerror(err));
-		return err;
-	}
-#if XSRC_DRIVER_ABI_REVISION >= 3
-	// Multicast came with revision 3; an older daemon's arena has no table.
-	if (resp.driver().driver_abi >= 3)
-		ctx->mcast = ctx->arena.mcast_table();
-#endif
-	ibv_port_attr port{};
-	struct ibv_query_port qcmd{};
-	if ((err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))) {
-		verbs_err(vctx, "the device refused QUERY_PORT 1: %s\n", strerror(err));
-		return err;
-	}
-	ctx->port_mtu_bytes = kMtuUnitBytes << port.active_mtu;
-	ctx->transport = &xsrc_shm_transport;
-
-	if ((err = xsrc_death_watch_start(ctx.get()))) {
-		verbs_err(vctx, "cannot start the device watch thread: %s\n", strerror(err));
-		return err;
-	}
-	verbs_set_ops(&ctx->ibv_ctx, &xsrc_ctx_ops);
-	*out = ctx.release();
-	return 0;
+	return context_finish(ibdev, std::move(ctx), resp.driver(), out);
 }
+
+#if XSRC_DRIVER_ABI_REVISION >= 6
+// An imported context (ibv_import_device): a second context on a command
+// file whose context exists. It takes the device's answer of GET_CONTEXT
+// through XSRC_CMD_IMPORT_CONTEXT, and a pipe of its own for async events,
+// which libibverbs' ASYNC_EVENT_ALLOC ioctl then hands back to it as
+// async_fd. It registers no channel pipes: a completion channel made on it
+// comes out of the pool of the context it shares the command file with.
+int context_import(ibv_device *ibdev, int cmd_fd, xsrc_context **out)
+{
+	context_ptr ctx;
+	if (int err = context_alloc(ibdev, cmd_fd, ctx))
+		return err;
+	verbs_context *vctx = &ctx->ibv_ctx;
+
+	pipe_fds async_pipe;
+	if (int err = xsrc_make_pipe(async_pipe)) {
+		verbs_err(vctx, "import_context: cannot make the async pipe: %s\n", strerror(err));
+		return err;
+	}
+	xsrc_import_context cmd{};
+	cmd.async_fds = pipe_fd_pair(async_pipe);
+	xsrc_get_context_resp dresp{};
+	if (int err = xsrc_private_command(cmd_fd, XSRC_CMD_IMPORT_CONTEXT, cmd, dresp)) {
+		// EOPNOTSUPP from a daemon older than revision 6: no import there.
+		verbs_err(vctx, "import_context: the device refused: %s\n", strerror(err));
+		return err;
+	}
+	ctx->ibv_ctx.context.async_fd = async_pipe.rd.release();
+	ctx->async_wr = std::move(async_pipe.wr);
+	return context_finish(ibdev, std::move(ctx), dresp, out);
+}
+#endif
 
 // xsrc_boundary() before there is a context to log with.
 template <typename Body>
@@ -407,6 +444,18 @@ verbs_context *xsrc_alloc_context(ibv_device *ibdev, int cmd_fd,
 	}
 	return &ctx->ibv_ctx;
 }
+
+#if XSRC_DRIVER_ABI_REVISION >= 6
+verbs_context *xsrc_import_context(ibv_device *ibdev, int cmd_fd)
+{
+	xsrc_context *ctx = nullptr;
+	if (int err = xsrc_boundary_dev(ibdev, [&] { return context_import(ibdev, cmd_fd, &ctx); })) {
+		errno = err;
+		return nullptr;
+	}
+	return &ctx->ibv_ctx;
+}
+#endif
 
 } // namespace
 
@@ -466,6 +515,9 @@ const verbs_device_ops xsrc_dev_ops = {
 	.match_max_abi_version = XSRC_DRIVER_ABI_VERSION,
 	.match_table = xsrc_match_table,
 	.alloc_context = xsrc_alloc_context,
+#if XSRC_DRIVER_ABI_REVISION >= 6
+	.import_context = xsrc_import_context,
+#endif
 	.alloc_device = xsrc_alloc_device,
 	.uninit_device = xsrc_uninit_device,
 };

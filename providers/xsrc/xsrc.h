@@ -120,6 +120,7 @@ struct xsrc_context {
 	uint32_t max_inline_data;
 	xsrc::Arena arena;           // the device's shared memory
 	pid_t pid;                   // ours as the device sees it: owner_pid of our QPs and MRs
+	uint64_t context_id;         // the device's id of our command file's context (an imported context shares it)
 	bool direct;                 // we may try peers' memory ourselves (same PID namespace)
 	bool can_copy;               // the device moves bytes for us (XSRC_CMD_COPY)
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
@@ -497,6 +498,25 @@ inline void xsrc_cmd_header(ib_uverbs_cmd_hdr &hdr, uint32_t command, size_t in_
 	hdr.out_words = static_cast<__u16>(out_bytes / kWordBytes);
 }
 
+// A private command with a response: `body` (its `response` set here) after
+// the header, `resp` filled by the device. Returns 0 or errno.
+template <typename Body, typename Resp>
+int xsrc_private_command(int cmd_fd, uint32_t command, Body body, Resp &resp)
+{
+	struct request {
+		ib_uverbs_cmd_hdr hdr;
+		Body body;
+	} cmd{};
+	static_assert(sizeof(request) == sizeof(ib_uverbs_cmd_hdr) + sizeof(Body));
+	xsrc_cmd_header(cmd.hdr, command, sizeof(cmd), sizeof(resp));
+	cmd.body = body;
+	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
+	ssize_t written = write(cmd_fd, &cmd, sizeof(cmd));
+	if (written < 0)
+		return errno;
+	return static_cast<size_t>(written) == sizeof(cmd) ? 0 : EIO;
+}
+
 // xsrc.cpp: XSRC_CMD_RAISE_EVENT through our command file (best effort).
 void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept;
 
@@ -533,6 +553,25 @@ int xsrc_qp_prepare_send(xsrc_context *ctx, xsrc_qp *qp, bool builder);
 // verbs.cpp: registers [addr, addr + length) at iova `hca_va` with the
 // device and records it as the provider's (reg_mr without the boundary).
 ibv_mr *xsrc_mr_register(ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access);
+// What the context keeps of its MRs (where a poll may place payloads, which
+// MRs are ODP), recorded and forgotten (the MR as libibverbs completed it);
+// false: no memory.
+struct xsrc_mr_span {
+	uint32_t lkey;
+	ibv_pd *pd;
+	uint64_t addr;
+	uint64_t length;
+	uint64_t iova;
+};
+bool xsrc_mr_track(xsrc_context *ctx, const xsrc_mr_span &mr, int access) noexcept;
+void xsrc_mr_untrack(xsrc_context *ctx, const ibv_mr &mr, int access) noexcept;
+
+// import.cpp (driver ABI r6): objects of the context an imported context
+// shares its command file with (ibv_import_device).
+ibv_pd *xsrc_import_pd(ibv_context *ibctx, uint32_t pd_handle);
+void xsrc_unimport_pd(ibv_pd *pd);
+ibv_mr *xsrc_import_mr(ibv_pd *pd, uint32_t mr_handle);
+void xsrc_unimport_mr(ibv_mr *mr);
 // An MR the device does not know (a zero-length DM MR): dereg frees it only.
 inline constexpr uint32_t XSRC_NO_MR_HANDLE = UINT32_MAX;
 
@@ -540,6 +579,8 @@ inline constexpr uint32_t XSRC_NO_MR_HANDLE = UINT32_MAX;
 inline constexpr uint64_t XSRC_MAX_DM_SIZE = 1u << 20;  // per allocation (max_dm_size)
 ibv_dm *xsrc_alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr);
 int xsrc_free_dm(ibv_dm *dm);
+ibv_dm *xsrc_import_dm(ibv_context *ibctx, uint32_t dm_handle);  // r6
+void xsrc_unimport_dm(ibv_dm *dm);
 ibv_mr *xsrc_reg_dm_mr(ibv_pd *pd, ibv_dm *dm, uint64_t dm_offset, size_t length, unsigned int access);
 
 // The errno an exception caught at the C boundary stands for.

@@ -2,7 +2,7 @@
 //
 // An input is a command stream in the capture record format
 // (xsrcd/command_capture.h): every record is one write() on a context's
-// command file. Each input runs against a fresh in-process device (its own
+// command file, or (kIoctl) one RDMA_VERBS_IOCTL on it. Each input runs against a fresh in-process device (its own
 // arena) and one context, so create -> use -> destroy sequences and handle
 // reuse are explored and nothing carries over to the next input.
 //
@@ -15,6 +15,7 @@
 //  - an fd, object, id, slot, multicast membership or arena page left behind
 //    once the context is destroyed.
 #include <dirent.h>
+#include <rdma/rdma_user_ioctl_cmds.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -86,10 +87,21 @@ public:
 	{
 		room_ = room;
 		room_len_ = room_len;
+		more_rooms_.clear();
 		maps_all_ = maps_all;
 		pending_rd_ = -1;
 		if (fresh_fds)
 			forget_fds();
+	}
+
+	// More room a call offers: an ioctl attribute's buffer (after begin()).
+	void allow(uint64_t addr, uint64_t len) { more_rooms_.emplace_back(addr, len); }
+
+	// What the caller holds at `addr` of its response area before a call.
+	void place(uint64_t addr, std::span<const std::byte> bytes)
+	{
+		if (inside(addr, bytes.size(), kResponseBase, kResponseSize))
+			std::memcpy(response_.data() + (addr - kResponseBase), bytes.data(), bytes.size());
 	}
 
 	int write_memory(uint64_t addr, std::span<const std::byte> bytes) override
@@ -100,7 +112,9 @@ public:
 		if (addr + len < addr)
 			return EFAULT;
 		// Only the room the command offered may receive response bytes.
-		if (overlaps(addr, len, kResponseBase, kResponseSize) && !inside(addr, len, room_, room_len_))
+		if (overlaps(addr, len, kResponseBase, kResponseSize) && !inside(addr, len, room_, room_len_) &&
+		    std::none_of(more_rooms_.begin(), more_rooms_.end(),
+				 [&](const auto &r) { return inside(addr, len, r.first, r.second); }))
 			finding("response written outside the room the command offered");
 		if (inside(addr, len, kResponseBase, kResponseSize)) {
 			std::memcpy(response_.data() + (addr - kResponseBase), bytes.data(), len);
@@ -224,6 +238,7 @@ private:
 	std::vector<std::byte> response_;
 	std::vector<std::byte> data_;
 	uint64_t room_ = 0, room_len_ = 0;
+	std::vector<std::pair<uint64_t, uint64_t>> more_rooms_;
 	bool maps_all_ = false;
 	std::map<int, int> fds_;   // fake fd -> our fd
 	std::vector<int> unbound_; // read ends not (yet) given a fake number
@@ -328,6 +343,39 @@ void fix_lengths(std::span<std::byte> cmd)
 	std::memcpy(cmd.data(), &hdr, sizeof(hdr));
 }
 
+// An RDMA_VERBS_IOCTL record: the bytes the caller's pointer names (header,
+// attributes) sit in its response area at the record's slot, which is the
+// room the daemon may write (the attributes' out data).
+void run_ioctl(Context &ctx, FuzzCaller &caller, const capture::RecordHeader &h, std::span<const std::byte> ioctl)
+{
+	const uint64_t at = kResponseBase + uint64_t(h.slot) * kSlotSize;
+	const size_t n = std::min<size_t>(ioctl.size(), kResponseSize - (at - kResponseBase));
+	caller.place(at, ioctl.first(n));
+	// The room: the bytes the header says the call has (the attributes'
+	// out words live there), which a short record may not all hold.
+	uint64_t room = n;
+	if (n >= sizeof(ib_uverbs_ioctl_hdr)) {
+		ib_uverbs_ioctl_hdr hdr;
+		std::memcpy(&hdr, ioctl.data(), sizeof(hdr));
+		room = std::max<uint64_t>(n, std::min<uint64_t>(hdr.length, kResponseSize - (at - kResponseBase)));
+	}
+	caller.begin(at, room, h.flags & capture::kCallerMapsAll, h.flags & capture::kFreshFds);
+	// Every attribute's buffer is room too: output pointers name where
+	// the caller wants its outputs.
+	for (size_t off = sizeof(ib_uverbs_ioctl_hdr); off + sizeof(ib_uverbs_attr) <= n; off += sizeof(ib_uverbs_attr)) {
+		ib_uverbs_attr a;
+		std::memcpy(&a, ioctl.data() + off, sizeof(a));
+		caller.allow(a.data, a.len);
+	}
+	// FUSE copies in exactly the header's size; a shorter record is what a
+	// caller with a shorter struct would send: not an RDMA_VERBS_IOCTL.
+	int err = dispatch_ioctl(ctx, caller, ioctl.first(std::min<size_t>(n, sizeof(ib_uverbs_ioctl_hdr))), at);
+	if (g_trace)
+		fprintf(stderr, "ioctl, %zu bytes: %s\n", n, err ? strerror(err) : "ok");
+	if (err < 0 || err >= 4096)
+		finding("dispatch_ioctl returned no errno");
+}
+
 // Runs the input's commands, in order, on a new context of `dev`; then
 // destroys the context as when its process closes the command file.
 void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> input)
@@ -344,6 +392,10 @@ void run_commands(Device &dev, FuzzCaller &caller, std::span<const std::byte> in
 		auto copy = std::make_unique<std::byte[]>(bytes.size());
 		std::copy(bytes.begin(), bytes.end(), copy.get());
 		std::span<std::byte> command(copy.get(), bytes.size());
+		if (h.flags & capture::kIoctl) {
+			run_ioctl(ctx, caller, h, command);
+			return ++records < kMaxRecords;
+		}
 		if (h.flags & capture::kFixLengths)
 			fix_lengths(command);
 		uint64_t room, room_len;

@@ -2,12 +2,15 @@
 // the captured programs never send (the provider uses the non-extended
 // commands): extended CREATE_CQ / CREATE_QP / MODIFY_QP, RESIZE_CQ,
 // REQ_NOTIFY_CQ, SRQ modify/query, RAISE_EVENT on the stream's own objects,
-// XSRC_CMD_COPY, REREG_MR, ATTACH_MCAST / DETACH_MCAST, memory windows. Built from the kernel's and xsrc's own structs, so the
+// XSRC_CMD_COPY, REREG_MR, ATTACH_MCAST / DETACH_MCAST, memory windows,
+// import (IMPORT_CONTEXT, QUERY_OBJECT, the ASYNC_EVENT_ALLOC ioctl). Built from the kernel's and xsrc's own structs, so the
 // seeds follow the ABI headers. Handles and numbers are those a fresh device
 // hands out (handles from 0, QPN/SRQN from their bases, MR keys from 1 << 8).
 //   xsrcd_fuzz_seeds OUTDIR    (tests/fuzz/corpus: synthetic-*)
 #include <infiniband/verbs.h>
+#include <rdma/ib_user_ioctl_cmds.h>
 #include <rdma/ib_user_verbs.h>
+#include <rdma/rdma_user_ioctl_cmds.h>
 
 #include <cstdio>
 #include <cstring>
@@ -62,6 +65,20 @@ public:
 		return add(b);
 	}
 
+	// An RDMA_VERBS_IOCTL: the header and `attrs`, as libibverbs lays them out.
+	Stream &ioctl(uint16_t object, uint16_t method, std::span<const ib_uverbs_attr> attrs)
+	{
+		ib_uverbs_ioctl_hdr hdr{};
+		hdr.length = uint16_t(sizeof(hdr) + attrs.size_bytes());
+		hdr.object_id = object;
+		hdr.method_id = method;
+		hdr.num_attrs = uint16_t(attrs.size());
+		std::vector<std::byte> b(hdr.length);
+		std::memcpy(b.data(), &hdr, sizeof(hdr));
+		std::memcpy(b.data() + sizeof(hdr), attrs.data(), attrs.size_bytes());
+		return add(b, capture::kIoctl | capture::kCallerMapsAll);
+	}
+
 	bool write(const std::string &path) const
 	{
 		std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -70,9 +87,9 @@ public:
 	}
 
 private:
-	Stream &add(std::span<const std::byte> command)
+	Stream &add(std::span<const std::byte> command, uint8_t flags = kFlags)
 	{
-		auto r = capture::encode_record(command, kFlags, slot_++);
+		auto r = capture::encode_record(command, flags, slot_++);
 		bytes_.insert(bytes_.end(), r.begin(), r.end());
 		return *this;
 	}
@@ -383,6 +400,75 @@ Stream windows()
 
 }  // namespace
 
+// Import (r6): IMPORT_CONTEXT with a pipe (fds 9, 10), QUERY_OBJECT of the
+// PD and of an MR, the ASYNC_EVENT_ALLOC ioctl that hands the pipe out, and
+// an ioctl of a method not served (ENOTTY).
+Stream imports()
+{
+	Stream s;
+	open_context(s);
+	ib_uverbs_reg_mr mr{};
+	mr.response = kSomeResponse;
+	mr.start = mr.hca_va = kSomeAddress;
+	mr.length = 4096;
+	mr.access_flags = IBV_ACCESS_LOCAL_WRITE;
+	s.cmd(IB_USER_VERBS_CMD_REG_MR, mr, sizeof(ib_uverbs_reg_mr_resp));
+	xsrc_import_context ic{};
+	ic.response = kSomeResponse;
+	ic.async_fds = {9, 10};
+	s.cmd(XSRC_CMD_IMPORT_CONTEXT, ic, sizeof(xsrc_get_context_resp));
+	for (auto [type, handle] : {std::pair{XSRC_OBJECT_PD, 0u}, std::pair{XSRC_OBJECT_MR, 1u}}) {
+		xsrc_query_object q{};
+		q.response = kSomeResponse;
+		q.type = type;
+		q.handle = handle;
+		s.cmd(XSRC_CMD_QUERY_OBJECT, q, sizeof(xsrc_query_object_resp));
+	}
+	ib_uverbs_attr fd{};
+	fd.attr_id = UVERBS_ATTR_ASYNC_EVENT_ALLOC_FD_HANDLE;
+	fd.flags = UVERBS_ATTR_F_MANDATORY;
+	s.ioctl(UVERBS_OBJECT_ASYNC_EVENT, UVERBS_METHOD_ASYNC_EVENT_ALLOC, std::span(&fd, 1));
+	// CQ_CREATE as libibverbs sends it for an imported context; outputs in
+	// the mapped data area.
+	auto attr = [](uint16_t id, uint64_t data, uint16_t len) {
+		ib_uverbs_attr a{};
+		a.attr_id = id;
+		a.flags = UVERBS_ATTR_F_MANDATORY;
+		a.len = len;
+		a.data = data;
+		return a;
+	};
+	const ib_uverbs_attr cq[] = {
+		attr(UVERBS_ATTR_CREATE_CQ_HANDLE, 0, 0),
+		attr(UVERBS_ATTR_CREATE_CQ_RESP_CQE, kSomeAddress, 4),
+		attr(UVERBS_ATTR_CREATE_CQ_CQE, 16, 4),
+		attr(UVERBS_ATTR_CREATE_CQ_USER_HANDLE, 0xc0, 8),
+		attr(UVERBS_ATTR_CREATE_CQ_COMP_VECTOR, 0, 4),
+		attr(UVERBS_ATTR_CREATE_CQ_EVENT_FD, 9, 0),
+		attr(UVERBS_ATTR_UHW_OUT, kSomeAddress + 64, sizeof(xsrc_create_cq_resp)),
+	};
+	s.ioctl(UVERBS_OBJECT_CQ, UVERBS_METHOD_CQ_CREATE, cq);
+	// QP_CREATE on that CQ (handle 2: after the PD 0 and the MR 1).
+	const ib_uverbs_qp_cap cap{8, 8, 1, 1, 32};
+	static_assert(sizeof(cap) == 20);
+	const ib_uverbs_attr qp[] = {
+		attr(UVERBS_ATTR_CREATE_QP_PD_HANDLE, 0, 0),
+		attr(UVERBS_ATTR_CREATE_QP_SEND_CQ_HANDLE, 2, 0),
+		attr(UVERBS_ATTR_CREATE_QP_RECV_CQ_HANDLE, 2, 0),
+		attr(UVERBS_ATTR_CREATE_QP_HANDLE, 0, 0),
+		attr(UVERBS_ATTR_CREATE_QP_TYPE, IBV_QPT_RC, 8),
+		attr(UVERBS_ATTR_CREATE_QP_USER_HANDLE, 0x9b, 8),
+		// The capabilities' 20 bytes: in the data area, as the caller's struct.
+		attr(UVERBS_ATTR_CREATE_QP_CAP, kSomeAddress + 128, sizeof(cap)),
+		attr(UVERBS_ATTR_CREATE_QP_RESP_CAP, kSomeAddress + 192, sizeof(cap)),
+		attr(UVERBS_ATTR_CREATE_QP_RESP_QP_NUM, kSomeAddress + 256, 4),
+		attr(UVERBS_ATTR_UHW_OUT, kSomeAddress + 320, sizeof(xsrc_create_qp_resp)),
+	};
+	s.ioctl(UVERBS_OBJECT_QP, UVERBS_METHOD_QP_CREATE, qp);
+	// A method not served: EPROTONOSUPPORT once imported.
+	return s.ioctl(UVERBS_OBJECT_PD, UVERBS_METHOD_PD_DESTROY, std::span(&fd, 1));
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -392,7 +478,8 @@ int main(int argc, char **argv)
 	std::string dir = argv[1];
 	bool ok = extended_rc().write(dir + "/synthetic-extended-rc") &&
 		  srq_and_copy().write(dir + "/synthetic-srq-copy") &&
-		  multicast().write(dir + "/synthetic-multicast") && windows().write(dir + "/synthetic-windows");
+		  multicast().write(dir + "/synthetic-multicast") && windows().write(dir + "/synthetic-windows") &&
+		  imports().write(dir + "/synthetic-imports");
 	if (!ok)
 		fprintf(stderr, "%s: cannot write the seeds into %s\n", argv[0], dir.c_str());
 	return ok ? 0 : 1;

@@ -17,17 +17,24 @@
 // which xsrcd writes while a device is up. Without one, open() of the path is
 // the real open().
 //
+// It also lets ibv_import_device() take a verbs command fd: fstat calls every
+// regular file of xsrcd's FUSE mount a character device (the uverbs node's
+// numbers) as the kernel's uverbs files are, when it is the FUSE mount that
+// holds the cm directory.
+//
 // Limits: only what reaches libc through its dynamic symbols is seen here.
 // Statically linked programs do not get the device, nor do setuid and setgid
 // programs (ld.so ignores an LD_PRELOAD path with a slash in secure-execution
-// mode), nor raw system calls. A dup() of the channel fd works but is not a
-// character device to fstat, and its GET_EVENT goes to the channel file.
+// mode), nor raw system calls. A dup() of the channel fd works; fstat calls
+// it a character device with the uverbs node's numbers, and its GET_EVENT
+// goes to the channel file.
 #undef _FORTIFY_SOURCE  // its inline open() would collide with ours
 
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <rdma/rdma_user_cm.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -40,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "sysfs_view.h"  // kCmClassDir, kCmDirFile, kDevnodeMajor/Minor
 
@@ -334,17 +342,72 @@ bool needs_mode(int flags)
 	return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
 }
 
+// --- the verbs command files ---
+
+// ibv_import_device() takes a command fd only if fstat calls it a character
+// device whose st_rdev is the device's uverbs node: so is every regular file
+// of xsrcd's FUSE mount (the provider's command files; the cm directory is in
+// the same mount, which is how it is found). Other files pay one comparison,
+// or, on a device with major number 0 seen for the first time in a second, a
+// look at the cm directory (the daemon may have mounted anew).
+std::atomic<uint64_t> g_mount_dev{0};  // the mount's st_dev, once seen
+constexpr decltype(statfs::f_type) kFuseSuperMagic = 0x65735546;  // a FUSE mount, as xsrcd's
+
+constexpr int kNotMountSlots = 8;
+struct NotMount {
+	std::atomic<uint64_t> dev{0};
+	std::atomic<int64_t> until_ns{0};
+};
+NotMount g_not_mount[kNotMountSlots];
+
+int64_t monotonic_ns()
+{
+	timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+bool on_xsrc_mount(uint64_t dev)
+{
+	if (dev == g_mount_dev.load(std::memory_order_relaxed))
+		return true;
+	if (major(dev) != 0)  // FUSE mounts have anonymous device numbers
+		return false;
+	const int64_t now = monotonic_ns();
+	NotMount &slot = g_not_mount[dev % kNotMountSlots];
+	if (slot.dev.load(std::memory_order_relaxed) == dev && slot.until_ns.load(std::memory_order_relaxed) > now)
+		return false;
+	char dir[PATH_MAX];
+	struct statx stx;
+	struct statfs fs;
+	if (find_cm_dir(dir, sizeof(dir)) && statfs(dir, &fs) == 0 && fs.f_type == kFuseSuperMagic &&
+	    statx(AT_FDCWD, dir, 0, STATX_TYPE, &stx) == 0) {
+		uint64_t mount = makedev(stx.stx_dev_major, stx.stx_dev_minor);
+		g_mount_dev.store(mount, std::memory_order_relaxed);
+		if (mount == dev)
+			return true;
+	}
+	slot.dev.store(dev, std::memory_order_relaxed);
+	slot.until_ns.store(now + 1'000'000'000, std::memory_order_relaxed);
+	return false;
+}
+
 // --- fstat ---
 
 template <typename Stat>
 int patch_stat(int fd, int rc, Stat *st)
 {
-	Channel *c = channel_of(fd);
-	if (rc != 0 || !c || st->st_ino != c->ino.load(std::memory_order_relaxed) ||
-	    st->st_dev != c->dev.load(std::memory_order_relaxed))
+	if (rc != 0)
 		return rc;
-	st->st_mode = S_IFCHR | 0666;
-	st->st_rdev = c->rdev.load(std::memory_order_relaxed);
+	Channel *c = channel_of(fd);
+	if (c && st->st_ino == c->ino.load(std::memory_order_relaxed) &&
+	    st->st_dev == c->dev.load(std::memory_order_relaxed)) {
+		st->st_mode = S_IFCHR | 0666;
+		st->st_rdev = c->rdev.load(std::memory_order_relaxed);
+	} else if (S_ISREG(st->st_mode) && on_xsrc_mount(st->st_dev)) {
+		st->st_mode = S_IFCHR | (st->st_mode & 07777);
+		st->st_rdev = makedev(kDevnodeMajor, kDevnodeMinor);
+	}
 	return rc;
 }
 
