@@ -38,8 +38,11 @@
  * XSRC_CMD_BIND_MW and XSRC_CMD_INVALIDATE, and the window fields of the
  * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn).
  * Revision 5 added the CQ ring's big payload slots (xsrc-queues.h,
- * XSRC_CQE_DEFERRED_BIG). */
-#define XSRC_DRIVER_ABI_REVISION 5
+ * XSRC_CQE_DEFERRED_BIG).
+ * Revision 6 added tag-matching SRQs (IBV_SRQT_TM through CREATE_XSRQ): the
+ * tag table after a TM SRQ's ring (xsrc-queues.h, xsrc_tm_table) and the
+ * tag a matched completion carries (XSRC_CQE_TM_INFO). */
+#define XSRC_DRIVER_ABI_REVISION 6
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
