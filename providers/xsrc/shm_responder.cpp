@@ -454,10 +454,6 @@ Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	if (!tagged)
 		return responder_deliver(ctx, qp, wqe, r, local, false, IBV_WC_TM_NO_TAG);
 	bool rndv = tmh.opcode == IBV_TMH_RNDV;
-	// A rendezvous ends with a FIN to us: a receive must be there for it.
-	Responder self;
-	if (rndv && (!responder_find(ctx, qp->qpn, self) || !responder_has_receive(self)))
-		return Result::rnr(r.qp->min_rnr_timer);
 
 	xsrc::RecvWqe tagged_buf;
 	switch (xsrc_tm_match(table, r.rq, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), tagged_buf)) {
@@ -874,9 +870,9 @@ Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, 
 
 // The rendezvous's last step: the responder tells us, the requester, that it
 // has the data — a SEND of a TMH with opcode FIN into our own receive queue
-// (an ordinary IBV_WC_RECV). A receive was there when the rendezvous was
-// matched; if the application's own traffic took it since, the FIN is lost
-// as a message to a QP without receives would be after its RNR retries.
+// (an ordinary IBV_WC_RECV). With no receive posted for it the FIN is lost
+// (an HCA would retry it, and fail the responder's QP after its RNR
+// retries): software that uses rendezvous keeps receives posted.
 void xsrc_tm_deliver_fin(xsrc_context *ctx, xsrc_qp *qp) noexcept
 {
 	qp->tm_fin.pending = false;
