@@ -648,6 +648,32 @@ TEST_F(TagMatching, RendezvousThatCannotReadEndsInSoftwareOrError)
 	EXPECT_EQ(xsrc::harness::qp_state(qp), IBV_QPS_ERR);
 }
 
+// A daemon serving driver ABI revision 1 to 5 (compat tests, `xsrc up
+// --abi 5`): no tm_caps, and a TM SRQ is EOPNOTSUPP.
+TEST(TmAbsent, BeforeRevision6)
+{
+	const char *expect = getenv("XSRC_EXPECT_NO_TM");
+	if (!expect || std::strcmp(expect, "1") != 0)
+		GTEST_SKIP() << "for the compat tests (XSRC_EXPECT_NO_TM=1)";
+	ibv_context *ctx = open_xsrc0();
+	ASSERT_NE(ctx, nullptr);
+	ibv_device_attr_ex dev{};
+	EXPECT_EQ(ibv_query_device_ex(ctx, nullptr, &dev), 0);
+	EXPECT_EQ(dev.tm_caps.flags, 0u);
+	EXPECT_EQ(dev.tm_caps.max_num_tags, 0u);
+	ibv_pd *pd = ibv_alloc_pd(ctx);
+	ibv_cq_init_attr_ex cattr{};
+	cattr.cqe = 4;
+	ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &cattr);
+	ASSERT_TRUE(pd && cq);
+	errno = 0;
+	EXPECT_EQ(make_tm_srq(ctx, pd, cq, 4), nullptr);
+	EXPECT_EQ(errno, EOPNOTSUPP);
+	ibv_destroy_cq(ibv_cq_ex_to_cq(cq));
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
