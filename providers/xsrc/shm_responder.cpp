@@ -384,7 +384,8 @@ Result responder_tm_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &
 {
 	xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
 	responder_complete(ctx, r, xsrc_make_cqe(tagged.wr_id, st, IBV_WC_TM_RECV, r.qpn()));
-	return Result::failed(st == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+	bool invalid_request = st == IBV_WC_LOC_LEN_ERR || st == IBV_WC_REM_INV_REQ_ERR;
+	return Result::failed(invalid_request ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
 }
 
 // Bytes [from, from + len) of our payload `src` into the tagged buffer: 0,
@@ -475,6 +476,12 @@ Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	if (wqe.opcode == IBV_WR_SEND_WITH_IMM) {
 		c.imm_data = wqe.imm_data;
 		c.wc_flags |= IBV_WC_WITH_IMM;
+	} else if (wqe.opcode == IBV_WR_SEND_WITH_INV) {
+		// As for a receive of the SRQ: the device invalidates the window.
+		if (!xsrc_mw_remote_invalidate(ctx, qp, r.qpn(), wqe.invalidate_rkey))
+			return responder_tm_error(ctx, r, tagged_buf, IBV_WC_REM_INV_REQ_ERR);
+		c.imm_data = wqe.invalidate_rkey;
+		c.wc_flags |= IBV_WC_WITH_INV;
 	}
 	if (wqe.flags & IBV_SEND_SOLICITED)
 		c.flags |= XSRC_CQE_SOLICITED;

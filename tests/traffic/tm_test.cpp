@@ -43,6 +43,8 @@ struct Cmd {
 	uint64_t tag;
 	uint32_t rvh_len;    // rendezvous: the data the RVH names
 	uint32_t rkey_xor;   // rendezvous: spoils the RVH's rkey
+	uint32_t inv_rkey;   // non-zero: SEND_WITH_INV of this rkey
+	uint32_t pad2;
 };
 
 struct Reply {
@@ -136,7 +138,8 @@ int sender_main(Link &link)
 		wr.wr_id = 1;
 		wr.sg_list = &sge;
 		wr.num_sge = 1;
-		wr.opcode = IBV_WR_SEND;
+		wr.opcode = cmd.inv_rkey ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND;
+		wr.invalidate_rkey = cmd.inv_rkey;
 		wr.send_flags = IBV_SEND_SIGNALED;
 		if (ibv_post_send(qp, &wr, &bad))
 			return 5;
@@ -563,6 +566,25 @@ TEST_F(TagMatching, TooSmallTaggedBufferIsALengthError)
 	EXPECT_EQ(wc->wr_id, 5u);
 	EXPECT_EQ(xsrc::harness::qp_state(qp), IBV_QPS_ERR);
 	EXPECT_EQ(del_tag(handle), IBV_WC_TM_ERR);
+}
+
+// SEND_WITH_INV that matches a tag: the responder invalidates the rkey as
+// for any receive; an rkey that names no window bound to the QP is an
+// invalid request, the tag's completion says so.
+TEST_F(TagMatching, SendWithInvalidateOfNoWindowFailsTheTag)
+{
+	connect_sender();
+	add_tag(6, ~0ull, 6, 0, 1024);
+	Cmd c = eager(6, 64);
+	c.inv_rkey = mr->rkey;  // an MR's key: no window to invalidate
+	Reply r = send(c);
+	EXPECT_EQ(r.send_status, IBV_WC_REM_INV_REQ_ERR);
+	std::optional<Wc> wc = poll();
+	ASSERT_TRUE(wc);
+	EXPECT_EQ(wc->status, IBV_WC_REM_INV_REQ_ERR);
+	EXPECT_EQ(wc->opcode, IBV_WC_TM_RECV);
+	EXPECT_EQ(wc->wr_id, 6u);
+	EXPECT_EQ(xsrc::harness::qp_state(qp), IBV_QPS_ERR);
 }
 
 // A rendezvous: matched (IBV_WC_TM_MATCH, the tag), the data the RVH names
