@@ -7,7 +7,9 @@
 #include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <gtest/gtest.h>
@@ -44,7 +46,8 @@ struct Cmd {
 	uint32_t rvh_len;    // rendezvous: the data the RVH names
 	uint32_t rkey_xor;   // rendezvous: spoils the RVH's rkey
 	uint32_t inv_rkey;   // non-zero: SEND_WITH_INV of this rkey
-	uint32_t pad2;
+	uint32_t burst;      // non-zero: this many eager messages, tags tag..tag+burst-1,
+	                     // each payload the tag (8 bytes) after the TMH
 };
 
 struct Reply {
@@ -111,6 +114,28 @@ int sender_main(Link &link)
 		Cmd cmd{};
 		if (!link.recv_value(&cmd, xsrc::harness::ms(30000)) || cmd.quit)
 			return 0;
+		if (cmd.burst) {
+			Reply reply{};
+			reply.fin_status = -1;
+			for (uint32_t i = 0; i < cmd.burst && !reply.send_status; ++i) {
+				write_tmh(buf.data(), IBV_TMH_EAGER, 0, cmd.tag + i);
+				uint64_t tag = cmd.tag + i;
+				std::memcpy(buf.data() + sizeof(ibv_tmh), &tag, sizeof(tag));
+				ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), cmd.len, mr->lkey};
+				ibv_send_wr wr{}, *bad;
+				wr.sg_list = &sge;
+				wr.num_sge = 1;
+				wr.opcode = IBV_WR_SEND;
+				wr.send_flags = IBV_SEND_SIGNALED;
+				if (ibv_post_send(qp, &wr, &bad))
+					return 7;
+				std::vector<ibv_wc> wcs = xsrc::harness::poll_completions(cq, 1, kTimeout);
+				reply.send_status = wcs.size() == 1 ? wcs[0].status : -1;
+			}
+			if (!link.send_value(reply))
+				return 6;
+			continue;
+		}
 		for (uint64_t i = 0; i < cmd.len; ++i)
 			buf[i] = payload_byte(i);
 		if (cmd.tmh_op != kNoTmh)
@@ -230,18 +255,20 @@ protected:
 	}
 
 	// The sender process, connected to our QP.
-	void connect_sender()
+	void connect_sender() { connect_sender(sender, qp); }
+
+	void connect_sender(Child &to, ibv_qp *ours)
 	{
-		sender = Child::spawn("--sender");
+		to = Child::spawn("--sender");
 		uint32_t peer = 0, connected = 0;
-		ASSERT_TRUE(sender.link().recv_value(&peer, xsrc::harness::ms(10000)));
+		ASSERT_TRUE(to.link().recv_value(&peer, xsrc::harness::ms(10000)));
 		ASSERT_NE(peer, 0u);
-		ASSERT_TRUE(sender.link().send_value(qp->qp_num));
+		ASSERT_TRUE(to.link().send_value(ours->qp_num));
 		xsrc::harness::QpRemote remote{peer, {}};
 		ASSERT_EQ(ibv_query_gid(ctx, kPort, kGidIndex, &remote.gid), 0);
-		xsrc::harness::QpStep step = xsrc::harness::qp_connect(qp, remote);
+		xsrc::harness::QpStep step = xsrc::harness::qp_connect(ours, remote);
 		ASSERT_FALSE(step) << step.text();
-		ASSERT_TRUE(sender.link().recv_value(&connected, xsrc::harness::ms(10000)));
+		ASSERT_TRUE(to.link().recv_value(&connected, xsrc::harness::ms(10000)));
 	}
 
 	void TearDown() override
@@ -585,6 +612,114 @@ TEST_F(TagMatching, SendWithInvalidateOfNoWindowFailsTheTag)
 	EXPECT_EQ(wc->opcode, IBV_WC_TM_RECV);
 	EXPECT_EQ(wc->wr_id, 6u);
 	EXPECT_EQ(xsrc::harness::qp_state(qp), IBV_QPS_ERR);
+}
+
+// Two senders race for the same tagged buffers (every tag matches: mask
+// 0) while this process re-adds each buffer as it is consumed and keeps
+// receives posted for the messages that find none: every message arrives
+// exactly once, matched into a buffer of its own (its payload, the tag, is
+// there) or unexpected (whole, TMH first), and both kinds happen.
+TEST_F(TagMatching, SendersRacingForTagsGetEachMessageOnce)
+{
+	constexpr uint32_t kPerSender = 300;
+	constexpr uint32_t kSlots = 4, kRecvs = 8;
+	constexpr uint64_t kTagOff = 0, kRecvOff = 8192, kSlotBytes = 1024;
+	ibv_qp_init_attr qattr{};
+	qattr.send_cq = qattr.recv_cq = ibv_cq_ex_to_cq(cq);
+	qattr.srq = srq;
+	qattr.cap = {4, 0, 1, 0, 0};
+	qattr.qp_type = IBV_QPT_RC;
+	ibv_qp *qp2 = ibv_create_qp(pd, &qattr);
+	ASSERT_NE(qp2, nullptr);
+	Child sender2;
+	connect_sender();
+	connect_sender(sender2, qp2);
+
+	uint32_t unexpected = 0;
+	auto add_slot = [&](uint32_t k) {
+		ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data() + kTagOff + k * kSlotBytes), kSlotBytes, mr->lkey};
+		ibv_ops_wr op{};
+		op.opcode = IBV_WR_TAG_ADD;
+		op.flags = IBV_OPS_TM_SYNC;  // unsignalled, in phase with what we have seen
+		op.tm.unexpected_cnt = unexpected;
+		op.tm.add.recv_wr_id = 100 + k;
+		op.tm.add.sg_list = &sge;
+		op.tm.add.num_sge = 1;
+		op.tm.add.mask = 0;
+		return post_op(op);
+	};
+	for (uint32_t k = 0; k < kSlots; ++k)
+		ASSERT_EQ(add_slot(k), 0);
+	for (uint32_t j = 0; j < kRecvs; ++j)
+		post_srq_recv(200 + j, kRecvOff + j * kSlotBytes, kSlotBytes);
+
+	Cmd burst{};
+	burst.len = sizeof(ibv_tmh) + 64;
+	burst.burst = kPerSender;
+	burst.tag = 1ull << 32;
+	ASSERT_TRUE(sender.link().send_value(burst));
+	burst.tag = 2ull << 32;
+	ASSERT_TRUE(sender2.link().send_value(burst));
+
+	std::vector<uint64_t> tags;
+	uint32_t matched = 0;
+	auto end = std::chrono::steady_clock::now() + 60s;
+	while (tags.size() < 2 * kPerSender && std::chrono::steady_clock::now() < end) {
+		ibv_poll_cq_attr attr{};
+		if (ibv_start_poll(cq, &attr) != 0)
+			continue;
+		uint64_t wr_id = cq->wr_id;
+		ibv_wc_status status = cq->status;
+		unsigned flags = ibv_wc_read_wc_flags(cq);
+		ibv_wc_tm_info tm{};
+		ibv_wc_read_tm_info(cq, &tm);
+		ibv_end_poll(cq);
+		ASSERT_EQ(status, IBV_WC_SUCCESS);
+		if (flags & IBV_WC_TM_MATCH) {
+			ASSERT_GE(wr_id, 100u);
+			ASSERT_LT(wr_id, 100u + kSlots);
+			uint32_t k = static_cast<uint32_t>(wr_id - 100);
+			uint64_t payload;
+			std::memcpy(&payload, buf.data() + kTagOff + k * kSlotBytes, sizeof(payload));
+			EXPECT_EQ(payload, tm.tag);
+			tags.push_back(tm.tag);
+			++matched;
+			ASSERT_EQ(add_slot(k), 0);
+		} else {
+			ASSERT_GE(wr_id, 200u);
+			ASSERT_LT(wr_id, 200u + kRecvs);
+			uint32_t j = static_cast<uint32_t>(wr_id - 200);
+			ibv_tmh tmh;
+			std::memcpy(&tmh, buf.data() + kRecvOff + j * kSlotBytes, sizeof(tmh));
+			tags.push_back(be64toh(tmh.tag));
+			++unexpected;
+			ibv_ops_wr sync_op{};
+			sync_op.opcode = IBV_WR_TAG_SYNC;
+			sync_op.flags = IBV_OPS_TM_SYNC;
+			sync_op.tm.unexpected_cnt = unexpected;
+			ASSERT_EQ(post_op(sync_op), 0);
+			post_srq_recv(wr_id, kRecvOff + j * kSlotBytes, kSlotBytes);
+		}
+	}
+	Reply r1{}, r2{};
+	ASSERT_TRUE(sender.link().recv_value(&r1, xsrc::harness::ms(15000)));
+	ASSERT_TRUE(sender2.link().recv_value(&r2, xsrc::harness::ms(15000)));
+	EXPECT_EQ(r1.send_status, IBV_WC_SUCCESS);
+	EXPECT_EQ(r2.send_status, IBV_WC_SUCCESS);
+	ASSERT_EQ(tags.size(), 2u * kPerSender);
+	std::sort(tags.begin(), tags.end());
+	for (uint32_t i = 0; i < kPerSender; ++i) {
+		EXPECT_EQ(tags[i], (1ull << 32) + i);
+		EXPECT_EQ(tags[kPerSender + i], (2ull << 32) + i);
+	}
+	EXPECT_GT(matched, 0u);
+	EXPECT_GT(unexpected, 0u) << "no message found every buffer taken";
+	printf("%u matched, %u unexpected\n", matched, unexpected);
+	Cmd quit{};
+	quit.quit = 1;
+	sender2.link().send_value(quit);
+	sender2.wait(xsrc::harness::ms(5000));
+	ibv_destroy_qp(qp2);
 }
 
 // A rendezvous: matched (IBV_WC_TM_MATCH, the tag), the data the RVH names
