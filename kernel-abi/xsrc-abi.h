@@ -40,9 +40,13 @@
  * Revision 5 added the CQ ring's big payload slots (xsrc-queues.h,
  * XSRC_CQE_DEFERRED_BIG).
  * Revision 6 added import (ibv_import_device, _pd, _mr):
- * XSRC_CMD_IMPORT_CONTEXT, XSRC_CMD_QUERY_OBJECT and the one uverbs ioctl
- * libibverbs sends for an imported context (ASYNC_EVENT_ALLOC). */
-#define XSRC_DRIVER_ABI_REVISION 6
+ * XSRC_CMD_IMPORT_CONTEXT, XSRC_CMD_QUERY_OBJECT and the uverbs ioctls
+ * libibverbs sends an imported context (ASYNC_EVENT_ALLOC, CQ_CREATE,
+ * QP_CREATE).
+ * Revision 7 added tag-matching SRQs (IBV_SRQT_TM through CREATE_XSRQ): the
+ * tag table after a TM SRQ's ring (xsrc-queues.h, xsrc_tm_table) and the
+ * tag a matched completion carries (XSRC_CQE_TM_INFO). */
+#define XSRC_DRIVER_ABI_REVISION 7
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6

@@ -20,8 +20,11 @@
  * reserved words to a pool of big payload slots (big_slots, big_stride,
  * big_polled) and the CQE's reserved byte to the slot a completion uses
  * (big_slot): an older provider never reads them, never marks its rings
- * big_polled, and so is never sent XSRC_CQE_DEFERRED_BIG. Frozen earlier
- * formats: history/rN/xsrc-queues.h.
+ * big_polled, and so is never sent XSRC_CQE_DEFERRED_BIG. Revision 6 put a
+ * tag table (xsrc_tm_table) after the ring of an SRQ of srq_type IBV_SRQT_TM
+ * and gave the CQE flag XSRC_CQE_TM_INFO: an older provider never creates
+ * such an SRQ and delivers any message into its ring's receives (plain
+ * IBV_WC_RECV completions). Frozen earlier formats: history/rN/xsrc-queues.h.
  */
 #ifndef XSRC_QUEUES_H
 #define XSRC_QUEUES_H
@@ -143,7 +146,8 @@ struct xsrc_srq_entry {
 	__u32 owner_pid;
 	__u64 owner_context;
 	__u64 ring_off;       /* struct xsrc_recv_ring */
-	__u64 cq_off;         /* XRC SRQs: the completion queue (follows RESIZE_CQ); else 0 */
+	__u64 cq_off;         /* XRC SRQs: the completion queue (follows RESIZE_CQ); r7 TM SRQs: the
+			       * CQ of their list operations (a receive completes on its QP's); else 0 */
 	__u32 pd_id;
 	__u32 xrcd_id;        /* XRC SRQs: the domain (>= 1); else 0 */
 	__u32 srq_type;       /* enum ibv_srq_type */
@@ -208,6 +212,10 @@ enum {
 	XSRC_CQE_SOLICITED = 1 << 0,  /* in xsrc_cqe.flags: raise a solicited event */
 	XSRC_CQE_DEFERRED = 1 << 1,   /* byte_len bytes in the payload slot go to deferred_va */
 	XSRC_CQE_DEFERRED_BIG = 1 << 2, /* r5: byte_len bytes in big slot big_slot go to deferred_va */
+	/* r7: a tag-matching completion with IBV_WC_TM_MATCH: deferred_va holds
+	 * the TMH's tag and vendor_err its app_ctx (host order). Never together
+	 * with XSRC_CQE_DEFERRED(_BIG); the poll reports vendor_err 0. */
+	XSRC_CQE_TM_INFO = 1 << 3,
 };
 
 struct xsrc_cqe {
@@ -258,6 +266,60 @@ struct xsrc_recv_wqe {
 	__u64 seq;            /* atomic */
 	__u64 wr_id;
 	__u32 num_sge;
+	__u32 reserved;
+	/* struct xsrc_sge sge[num_sge] follow */
+};
+
+/*
+ * Tag matching (driver ABI revision 7). An SRQ of srq_type IBV_SRQT_TM has,
+ * right after its receive ring (at ring_off + sizeof(xsrc_recv_ring) +
+ * num_entries * stride, 64-byte aligned), a tag table: a header and
+ * num_tags entries of `stride` bytes. The SRQ's owner adds and removes
+ * tagged buffers (ibv_post_srq_ops); an initiator delivering a SEND to a QP
+ * on the SRQ matches the message's TMH against the table, the earliest added
+ * matching entry first. Both do so under `lock` (the holder's pid, 0 = free;
+ * a dead holder's lock may be taken over), which also orders the unexpected
+ * count against additions: the table is the SRQ's serialisation point, as a
+ * TM-SRQ is in an HCA.
+ *
+ * Phase synchronisation: `unexpected` counts the tagged messages that found
+ * no entry and went to the ring's receives; `sw_count` is the count the
+ * owner last reported (IBV_OPS_TM_SYNC). An entry added while they differ is
+ * XSRC_TM_STALE and matches nothing until an operation makes them equal.
+ */
+#define XSRC_TM_MAX_TAGS 1024     /* == tm_caps.max_num_tags */
+#define XSRC_TM_RNDV_HDR_MAX 64   /* == tm_caps.max_rndv_hdr_size: TMH + RVH + meta-data */
+#define XSRC_TM_MAX_OPS 1024      /* == tm_caps.max_ops (list operations execute as posted) */
+
+enum {
+	XSRC_TM_FREE = 0,
+	XSRC_TM_POSTED = 1,   /* matches */
+	XSRC_TM_STALE = 2,    /* added out of phase: matches after a sync */
+};
+
+struct xsrc_tm_table {
+	__u32 lock;           /* atomic; pid of the holder, 0 = free */
+	__u32 num_tags;       /* entries */
+	__u32 max_sge;        /* SGEs an entry holds */
+	__u32 stride;         /* bytes per entry: sizeof(xsrc_tm_entry) + max_sge * 16, 64-aligned */
+	__u32 unexpected;     /* under lock: tagged messages delivered unexpected */
+	__u32 sw_count;       /* under lock: the count software last reported */
+	__u64 next_order;     /* under lock: the order of the next entry added */
+	__u64 reserved[4];
+	/* entries follow (64-byte aligned) */
+};
+
+/* Under the table's lock. The handle ibv_post_srq_ops gives for an entry is
+ * generation << 16 | index: a handle of an entry consumed or removed since
+ * names nothing. */
+struct xsrc_tm_entry {
+	__u32 state;          /* XSRC_TM_* */
+	__u32 num_sge;
+	__u64 order;          /* earlier entries match first */
+	__u64 tag;
+	__u64 mask;           /* a message matches if (tmh.tag & mask) == (tag & mask) */
+	__u64 wr_id;          /* recv_wr_id of the completion */
+	__u32 generation;     /* bumped each time the entry is added (16 bits used) */
 	__u32 reserved;
 	/* struct xsrc_sge sge[num_sge] follow */
 };

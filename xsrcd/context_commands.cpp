@@ -169,6 +169,7 @@ int cmd_ex_query_device(Context &ctx, Caller &caller, const Request &req)
 	resp.timestamp_mask = UINT64_MAX;  // a 64-bit nanosecond count
 	resp.hca_core_clock = XSRC_CORE_CLOCK_KHZ;
 	fill_odp_caps(*ctx.device, resp);
+	fill_tm_caps(*ctx.device, resp);
 	// Older callers have less room; response_length says how much is valid.
 	constexpr size_t min_len = offsetof(ib_uverbs_ex_query_device_resp, odp_caps);
 	if (req.core_resp_len < min_len)

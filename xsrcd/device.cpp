@@ -80,6 +80,17 @@ void fill_odp_caps(const Device &dev, ib_uverbs_ex_query_device_resp &r)
 	r.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | kRdma;
 }
 
+void fill_tm_caps(const Device &dev, ib_uverbs_ex_query_device_resp &r)
+{
+	if (dev.abi_revision < 7)  // tag matching came with revision 7
+		return;
+	r.tm_caps.max_rndv_hdr_size = DeviceLimits::max_rndv_hdr_size;
+	r.tm_caps.max_num_tags = DeviceLimits::max_num_tags;
+	r.tm_caps.flags = IBV_TM_CAP_RC;
+	r.tm_caps.max_ops = DeviceLimits::max_tm_ops;
+	r.tm_caps.max_sge = DeviceLimits::max_sge;
+}
+
 void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &r)
 {
 	const PortView &port = dev.view.port;

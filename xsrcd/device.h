@@ -12,6 +12,8 @@ void fill_query_device(const Device &dev, ib_uverbs_query_device_resp &resp);
 void fill_query_port(const Device &dev, ib_uverbs_query_port_resp &resp);
 // On-demand paging: what QUERY_DEVICE_EX reports in odp_caps and xrc_odp_caps.
 void fill_odp_caps(const Device &dev, ib_uverbs_ex_query_device_resp &resp);
+// Tag matching (driver ABI r7): none at an older --abi.
+void fill_tm_caps(const Device &dev, ib_uverbs_ex_query_device_resp &resp);
 // Whether the device takes IB_UVERBS_ACCESS_ON_DEMAND (revision 3 providers honour it).
 bool odp_supported(const Device &dev);
 // Whether the device has memory windows (driver ABI revision 4).

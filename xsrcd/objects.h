@@ -56,6 +56,12 @@ struct DeviceLimits {
 	static constexpr uint32_t max_mcast_grp = XSRC_MCAST_GROUPS;
 	static constexpr uint32_t max_mcast_qp_attach = XSRC_MCAST_GROUP_QPS;
 	static constexpr uint32_t max_total_mcast_qp_attach = 8192;
+	// Tag matching (driver ABI r7): tagged buffers in one TM-SRQ's table;
+	// list operations execute as they are posted, none stays outstanding,
+	// so max_ops is what one ibv_post_srq_ops call may carry in a WQE's sense.
+	static constexpr uint32_t max_num_tags = XSRC_TM_MAX_TAGS;
+	static constexpr uint32_t max_tm_ops = XSRC_TM_MAX_OPS;
+	static constexpr uint32_t max_rndv_hdr_size = XSRC_TM_RNDV_HDR_MAX;
 };
 
 // The arena's tables and WQE format are sized for these limits.

@@ -122,8 +122,9 @@ int resolve_qp_links(Context &ctx, const QpInit &init, QpLinks &links)
 		return refuse(EINVAL, "no such receive CQ handle");
 	if (init.is_srq) {
 		links.srq = lookup<Srq>(ctx, init.srq_handle);
-		if (!links.srq || links.srq->srq_type != IBV_SRQT_BASIC)
-			return refuse(EINVAL, "no such SRQ handle, or not a basic SRQ");
+		if (!links.srq || (links.srq->srq_type != IBV_SRQT_BASIC &&
+				   !(links.srq->srq_type == IBV_SRQT_TM && init.qp_type == IBV_QPT_RC)))
+			return refuse(EINVAL, "no such SRQ handle, or not a basic SRQ (or a tag-matching one for RC)");
 	}
 	return 0;
 }

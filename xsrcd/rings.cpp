@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/tm_table.h"
 #include "objects.h"
 
 namespace xsrc {
@@ -101,6 +102,17 @@ void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uin
 	ring.owner_pid = static_cast<__u32>(owner);
 	store_release<__u32>(ring.srq_limit, 0);
 	recv_ring_reset(ring);
+}
+
+void tm_table_init(xsrc_tm_table &table, uint32_t num_tags, uint32_t max_sge)
+{
+	table.num_tags = num_tags;
+	table.max_sge = max_sge;
+	table.stride = tm_entry_stride(max_sge);
+	table.unexpected = 0;
+	table.sw_count = 0;
+	table.next_order = 0;
+	store_release<__u32>(table.lock, 0);
 }
 
 void recv_ring_reset(xsrc_recv_ring &ring)

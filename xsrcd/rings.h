@@ -38,6 +38,8 @@ uint64_t recv_ring_bytes(uint32_t entries, uint32_t stride);
 // Initialises zeroed memory: slot i's seq = i, head = tail = 0, no SRQ limit.
 void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uint32_t max_sge,
 		    pid_t owner);
+// A tag-matching SRQ's tag table (r7) in zeroed memory: every entry free.
+void tm_table_init(xsrc_tm_table &table, uint32_t num_tags, uint32_t max_sge);
 // Empties a ring in place (a QP that goes to RESET loses its posted WQEs).
 void recv_ring_reset(xsrc_recv_ring &ring);
 // WQEs posted and not yet consumed.

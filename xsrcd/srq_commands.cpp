@@ -1,8 +1,13 @@
 // Shared receive queues: an SRQ table slot and a receive ring in the arena
 // that the owner posts to and initiators in any process consume from. An XRC
 // SRQ also names its XRC domain and the CQ its receives complete to: an XRC
-// message names the SRQ, which must be of the receive QP's domain.
+// message names the SRQ, which must be of the receive QP's domain. A
+// tag-matching SRQ (revision 7) also has a CQ, for its list operations, and
+// a tag table after its ring (common/tm_table.h).
+#include <algorithm>
 #include <cstring>
+
+#include "common/tm_table.h"
 
 #include "dispatcher_handlers.h"
 #include "rings.h"
@@ -18,7 +23,8 @@ struct SrqInit {
 	uint32_t max_sge = 0;
 	uint32_t srq_type = IBV_SRQT_BASIC;
 	uint32_t xrcd_handle = 0;  // XRC only
-	uint32_t cq_handle = 0;    // XRC only
+	uint32_t cq_handle = 0;    // XRC and TM
+	uint32_t max_num_tags = 0; // TM only
 };
 
 void publish_srq(Context &ctx, const Srq &srq, const Pd &pd, const Cq *cq, const Xrcd *xrcd)
@@ -50,6 +56,13 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 		if (!xrcd || !cq)
 			return refuse(EINVAL, "no such XRC domain or CQ handle");
 	}
+	if (init.srq_type == IBV_SRQT_TM) {
+		cq = lookup<Cq>(ctx, init.cq_handle);
+		if (!cq)
+			return refuse(EINVAL, "no such CQ handle");
+		if (init.max_num_tags == 0 || init.max_num_tags > DeviceLimits::max_num_tags)
+			return refuse(EINVAL, "limit: max_num_tags is 0 or over the device's");
+	}
 	if (init.max_wr == 0 || init.max_wr > DeviceLimits::max_srq_wr || init.max_sge > DeviceLimits::max_sge)
 		return refuse(EINVAL, "limit: max_wr is 0 or over max_srq_wr, or max_sge over max_sge");
 	if (int err = check_no_driver_data(req))
@@ -58,19 +71,27 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	if (dev.srq_slots.used() >= DeviceLimits::max_srq)
 		return refuse(ENOMEM, "limit: max_srq SRQs on the device");
 	uint32_t entries = recv_ring_entries(init.max_wr);
-	uint64_t ring_off = dev.arena->allocate(recv_ring_bytes(entries, recv_ring_stride(init.max_sge)));
+	uint64_t ring_bytes = recv_ring_bytes(entries, recv_ring_stride(init.max_sge));
+	// A tagged buffer holds as many SGEs as a receive, and at least one.
+	uint32_t tag_sges = std::max(init.max_sge, 1u);
+	uint64_t tm_bytes = init.srq_type == IBV_SRQT_TM ? tm_table_bytes(init.max_num_tags, tag_sges) : 0;
+	uint64_t ring_off = dev.arena->allocate(ring_bytes + tm_bytes);
 	if (!ring_off)
 		return refuse(ENOMEM, "arena full");
-	recv_ring_init(dev.arena->at<xsrc_recv_ring>(ring_off), entries, init.max_wr, init.max_sge, ctx.owner);
+	xsrc_recv_ring &ring = dev.arena->at<xsrc_recv_ring>(ring_off);
+	recv_ring_init(ring, entries, init.max_wr, init.max_sge, ctx.owner);
+	if (tm_bytes)
+		tm_table_init(dev.arena->at<xsrc_tm_table>(tm_table_offset(ring_off, ring)), init.max_num_tags,
+			      tag_sges);
 
 	Srq srq;
 	srq.user_handle = init.user_handle;
 	srq.pd_handle = PdHandle(init.pd_handle);
 	srq.srq_type = init.srq_type;
-	if (xrcd) {
+	if (xrcd)
 		srq.xrcd_handle = init.xrcd_handle;
+	if (cq)
 		srq.cq_handle = init.cq_handle;
-	}
 	srq.ring_off = ring_off;
 	srq.max_wr = init.max_wr;
 	srq.max_sge = init.max_sge;
@@ -88,10 +109,10 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	Srq &created = *lookup<Srq>(ctx, handle);
 	created.index = *index;
 	++pd->use_count;
-	if (xrcd) {
+	if (xrcd)
 		++xrcd->use_count;
+	if (cq)
 		++cq->use_count;
-	}
 
 	ib_uverbs_create_srq_resp resp{};
 	resp.srq_handle = handle;
@@ -129,7 +150,12 @@ int cmd_create_xsrq(Context &ctx, Caller &caller, const Request &req)
 		init.cq_handle = cmd.cq_handle;
 		break;
 	case IBV_SRQT_TM:
-		return refuse(EOPNOTSUPP, "tag-matching SRQs are not supported");
+		if (abi_revision(ctx) < 7)
+			return refuse(EOPNOTSUPP, "tag-matching SRQs need driver ABI revision 7");
+		init.srq_type = IBV_SRQT_TM;
+		init.cq_handle = cmd.cq_handle;
+		init.max_num_tags = cmd.max_num_tags;
+		break;
 	default:
 		return refuse(EINVAL, "unknown SRQ type");
 	}

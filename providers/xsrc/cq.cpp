@@ -51,12 +51,26 @@ bool cq_pop_from(xsrc_cq *cq, xsrc_cq_ring *ring, xsrc_cqe &c)
 	}
 }
 
+// The tag-matching information of a completion (driver ABI r7): a matched
+// message's tag and app_ctx ride in deferred_va and vendor_err.
+ibv_wc_tm_info cq_tm_info(xsrc_cqe &c)
+{
+	if (!(c.flags & XSRC_CQE_TM_INFO) || (c.flags & (XSRC_CQE_DEFERRED | XSRC_CQE_DEFERRED_BIG)))
+		return {};
+	ibv_wc_tm_info info{};
+	info.tag = c.deferred_va;
+	info.priv = c.vendor_err;
+	c.vendor_err = 0;
+	return info;
+}
+
 // One completion, oldest first: a ring left behind by a resize drains first.
 bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
 	if (cq->old_ring) {
 		if (cq_pop_from(cq, cq->old_ring, c)) {
+			cq->polled_tm = cq_tm_info(c);
 			cq_to_wc(c, wc);
 			return true;
 		}
@@ -68,6 +82,7 @@ bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= head; });
 		return false;
 	}
+	cq->polled_tm = cq_tm_info(c);
 	cq_to_wc(c, wc);
 	return true;
 }
@@ -164,8 +179,8 @@ uint64_t cq_read_completion_wallclock_ns(ibv_cq_ex *ibcq)
 	return cq->polled_ts + (xsrc_clock_ns(CLOCK_REALTIME) - xsrc_device_clock_ns());
 }
 
-// The device has no tag matching (tm_caps are zero): no completion carries a tag.
-void cq_read_tm_info(ibv_cq_ex *, ibv_wc_tm_info *tm_info) { *tm_info = {}; }
+// Zero unless the completion is a matched tagged message (IBV_WC_TM_MATCH).
+void cq_read_tm_info(ibv_cq_ex *cq, ibv_wc_tm_info *tm_info) { *tm_info = to_xsrc_cq(cq)->polled_tm; }
 
 void cq_set_poll_ops(ibv_cq_ex &cq)
 {

@@ -5,6 +5,8 @@
 // (IBTA 9.7.5, 9.7.6); writes the sender's completions; flushes on error.
 #include "xsrc.h"
 
+#include "tm.h"
+
 #include <time.h>
 
 namespace {
@@ -74,6 +76,15 @@ void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe
 	xsrc_cq_complete(ctx, qp->send_cq->ring, 0, c);
 }
 
+// The head WQE completed successfully; what its responder sends back
+// because of it (a rendezvous's FIN) arrives after its completion.
+void requester_done(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, uint32_t byte_len)
+{
+	requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, byte_len);
+	if (qp->tm_fin.pending)
+		xsrc_tm_deliver_fin(ctx, qp);
+}
+
 // IBTA RNR timer encoding (0 = 655.36 ms), in nanoseconds.
 uint64_t requester_rnr_delay_ns(uint8_t code)
 {
@@ -109,7 +120,7 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 	xsrc_send_wqe &wqe = qp->sq.front();
 	switch (res.attempt) {
 	case xsrc_attempt::done:
-		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
+		requester_done(ctx, qp, wqe, res.byte_len);
 		qp->sq.pop_front();
 		return true;
 	case xsrc_attempt::failed:
@@ -161,7 +172,7 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 	// The fast path: nothing queued, try it now without queueing it.
 	Result res = requester_execute(ctx, qp, wqe);
 	if (res.attempt == xsrc_attempt::done) {
-		requester_complete(ctx, qp, wqe, IBV_WC_SUCCESS, res.byte_len);
+		requester_done(ctx, qp, wqe, res.byte_len);
 		return;
 	}
 	qp->sq.push_next();

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "peer_memory.h"
+#include "tm.h"
 
 namespace {
 
@@ -243,16 +244,49 @@ bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const i
 #endif
 }
 
+// Moves `len` bytes of `src` into the responder's buffers `remote` (those
+// of receive `rwqe`, already checked): ourselves, or through the device.
+// Returns 0 or an errno (ESRCH, EAGAIN: the responder is unreachable).
+int responder_write(xsrc_context *ctx, xsrc_qp *qp, const Responder &r, const xsrc::RecvWqe &rwqe, const iovec *src,
+		    size_t nsrc, const iovec *remote, size_t nremote, uint64_t len)
+{
+	int err = 0;
+	xsrc_peer_path path = xsrc_peer_path_to(ctx, r.owner_pid);
+	if (path == xsrc_peer_path::direct) {
+		err = xsrc_peer_write(static_cast<pid_t>(r.owner_pid), src, nsrc, remote, nremote, len);
+		if (err == EPERM)
+			path = xsrc_peer_refused(ctx, r.owner_pid);
+	}
+	if (path == xsrc_peer_path::device)
+		err = responder_deliver_by_device(ctx, qp, r, rwqe, src, nsrc, len);
+	else if (path == xsrc_peer_path::none)
+		err = ESRCH;
+	return err;
+}
+
+Result responder_deliver_to(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r,
+			    const xsrc_local_buffers &local, bool ud, const xsrc::RecvWqe &rwqe,
+			    ibv_wc_opcode recv_opcode);
+
 // SEND / SEND_WITH_IMM / RDMA_WRITE_WITH_IMM on the responder's side: a
 // receive is consumed and completed; for a SEND the payload moves into its
-// buffers.
+// buffers. `recv_opcode`: the completion's opcode for a SEND (a TM-SRQ
+// reports its untagged and unexpected messages with its own).
 Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r,
-			 const xsrc_local_buffers &local, bool ud)
+			 const xsrc_local_buffers &local, bool ud, ibv_wc_opcode recv_opcode = IBV_WC_RECV)
 {
 	xsrc::RecvWqe rwqe;
 	if (!r.rq || !xsrc::recv_pop(r.rq, rwqe))
 		return responder_no_receive(qp, r);
 	responder_check_srq_limit(ctx, r);
+	return responder_deliver_to(ctx, qp, wqe, r, local, ud, rwqe, recv_opcode);
+}
+
+// The same into receive `rwqe`, already consumed.
+Result responder_deliver_to(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r,
+			    const xsrc_local_buffers &local, bool ud, const xsrc::RecvWqe &rwqe,
+			    ibv_wc_opcode recv_opcode)
+{
 	// SEND_WITH_INV: the responder invalidates the rkey (the device checks
 	// the window is bound to this QP); refused, it is an invalid request.
 	if (wqe.opcode == IBV_WR_SEND_WITH_INV && !xsrc_mw_remote_invalidate(ctx, qp, r.qpn(), wqe.invalidate_rkey)) {
@@ -262,8 +296,8 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 
 	bool is_write_imm = wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
 	uint64_t len = local.total + (ud ? kGrhBytes : 0);
-	xsrc_cqe c = xsrc_make_cqe(rwqe.wr_id, IBV_WC_SUCCESS,
-				   is_write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV, r.qpn());
+	xsrc_cqe c = xsrc_make_cqe(rwqe.wr_id, IBV_WC_SUCCESS, is_write_imm ? IBV_WC_RECV_RDMA_WITH_IMM : recv_opcode,
+				   r.qpn());
 	c.src_qp = qp->qpn.value();
 	c.byte_len = static_cast<uint32_t>(is_write_imm ? local.total : len);
 	if (wqe.opcode == IBV_WR_SEND_WITH_IMM || is_write_imm) {
@@ -304,18 +338,7 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 		// ring and the owner's poll places it — no system call on either side.
 		if (!on_demand && nremote == 1 && responder_defer(ctx, r, c, remote[0], {src.data(), nsrc}))
 			return Result::done(local.total);
-		int err = 0;
-		xsrc_peer_path path = xsrc_peer_path_to(ctx, r.owner_pid);
-		if (path == xsrc_peer_path::direct) {
-			err = xsrc_peer_write(static_cast<pid_t>(r.owner_pid), src.data(), nsrc, remote.data(), nremote,
-					      len);
-			if (err == EPERM)
-				path = xsrc_peer_refused(ctx, r.owner_pid);
-		}
-		if (path == xsrc_peer_path::device)
-			err = responder_deliver_by_device(ctx, qp, r, rwqe, src.data(), nsrc, len);
-		else if (path == xsrc_peer_path::none)
-			err = ESRCH;
+		int err = responder_write(ctx, qp, r, rwqe, src.data(), nsrc, remote.data(), nremote, len);
 		if (err) {
 			if (ud)
 				return Result::dropped();
@@ -326,6 +349,192 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 		}
 	}
 	responder_complete(ctx, r, c);
+	return Result::done(local.total);
+}
+
+// --- tag matching (driver ABI r7) -------------------------------------------
+
+constexpr uint64_t kTmhBytes = sizeof(ibv_tmh);
+constexpr uint64_t kRvhBytes = sizeof(ibv_rvh);
+
+// The first `n` bytes of our own payload.
+void local_gather(const xsrc_local_buffers &local, void *to, uint64_t n)
+{
+	auto *out = static_cast<unsigned char *>(to);
+	for (size_t i = 0; i < local.count && n; ++i) {
+		uint64_t take = std::min<uint64_t>(local.iov[i].iov_len, n);
+		std::memcpy(out, local.iov[i].iov_base, take);
+		out += take;
+		n -= take;
+	}
+}
+
+uint64_t recv_capacity(const xsrc::RecvWqe &rwqe)
+{
+	uint64_t bytes = 0;
+	for (uint32_t i = 0; i < rwqe.num_sge; ++i)
+		bytes += rwqe.sge[i].length;
+	return bytes;
+}
+
+// A tagged buffer that cannot take what the message brings: the tag is
+// gone, its completion carries the error, and the responder QP goes to
+// error as for any receive that failed (the SRQ and its tags stay).
+Result responder_tm_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &tagged, ibv_wc_status st)
+{
+	xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+	responder_complete(ctx, r, xsrc_make_cqe(tagged.wr_id, st, IBV_WC_TM_RECV, r.qpn()));
+	bool invalid_request = st == IBV_WC_LOC_LEN_ERR || st == IBV_WC_REM_INV_REQ_ERR;
+	return Result::failed(invalid_request ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+}
+
+// Bytes [from, from + len) of our payload `src` into the tagged buffer: 0,
+// or the status the tagged completion gets; `unreachable` when the
+// responder went away.
+ibv_wc_status responder_tm_place(xsrc_context *ctx, xsrc_qp *qp, const Responder &r, const xsrc::RecvWqe &tagged,
+				 const iovec *src, size_t nsrc, uint64_t from, uint64_t len, bool &unreachable)
+{
+	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
+	size_t nremote;
+	bool on_demand;
+	ibv_wc_status st =
+		xsrc_peer_recv_buffers(ctx->arena, tagged, r.owner_pid, r.pd_id, len, remote, nremote, on_demand);
+	if (st != IBV_WC_SUCCESS || len == 0)
+		return st;
+	std::array<iovec, XSRC_MAX_RECV_SGE + 1> piece;
+	size_t n = xsrc_peer_iov_slice(src, nsrc, from, len, piece.data());
+	int err = responder_write(ctx, qp, r, tagged, piece.data(), n, remote.data(), nremote, len);
+	unreachable = err == ESRCH || err == EAGAIN;
+	return err ? IBV_WC_LOC_PROT_ERR : IBV_WC_SUCCESS;
+}
+
+// The RDMA READ a matched rendezvous makes: the responder's QP reads what
+// the RVH names from us, its requester, into the tagged buffer. Our QP is
+// the read's responder: it must allow REMOTE_READ and the rkey must be
+// one of our MRs (or windows) in its PD. Returns the tagged completion's
+// status.
+ibv_wc_status responder_tm_rndv_read(xsrc_context *ctx, xsrc_qp *qp, const Responder &r,
+				     const xsrc::RecvWqe &tagged, const ibv_rvh &rvh, bool &unreachable)
+{
+	uint64_t addr = be64toh(rvh.va);
+	uint32_t len = be32toh(rvh.len);
+	if (len == 0)
+		return IBV_WC_SUCCESS;
+	if (!(qp->entry->access_flags & IBV_ACCESS_REMOTE_READ))
+		return IBV_WC_REM_ACCESS_ERR;
+	xsrc::Rkey rkey(be32toh(rvh.rkey));
+	const xsrc_mr_entry *key = xsrc_peer_live_mr(ctx->arena, rkey);
+	uint64_t va;
+	if (!xsrc_peer_mr_range(key, static_cast<uint32_t>(ctx->pid), xsrc::PdId(qp->entry->pd_id), addr, len,
+				IBV_ACCESS_REMOTE_READ, va) ||
+	    (key->bound_qpn && key->bound_qpn != qp->qpn.value()))
+		return IBV_WC_REM_ACCESS_ERR;
+	if ((key->access & IBV_ACCESS_ON_DEMAND) && !xsrc_odp_mapped(va, len))
+		return IBV_WC_REM_ACCESS_ERR;
+	iovec src{reinterpret_cast<void *>(va), len};
+	return responder_tm_place(ctx, qp, r, tagged, &src, 1, 0, len, unreachable);
+}
+
+// A SEND to a QP on a tag-matching SRQ. A message that starts with a TMH of
+// opcode EAGER or RNDV is matched against the SRQ's tags: a matched eager
+// message's payload (after the TMH) lands in the tagged buffer; a matched
+// rendezvous fetches the data the RVH names, reports IBV_WC_TM_MATCH, then
+// IBV_WC_TM_DATA_VALID, and sends us the FIN. Unmatched, the whole message
+// goes to a receive of the SRQ (IBV_WC_TM_RECV, no flags: software matches
+// it); one without such a TMH too (IBV_WC_TM_NO_TAG).
+Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, Responder &r,
+			    const xsrc_local_buffers &local)
+{
+	xsrc_tm_table *table = xsrc_tm_table_of(ctx->arena, r.srq->ring_off);
+	if (!table)
+		return Result::failed(IBV_WC_REM_OP_ERR);  // no table where the format puts it
+	ibv_tmh tmh{};
+	if (local.total >= kTmhBytes)
+		local_gather(local, &tmh, kTmhBytes);
+	bool tagged = local.total >= kTmhBytes && (tmh.opcode == IBV_TMH_EAGER || tmh.opcode == IBV_TMH_RNDV);
+	if (!tagged)
+		return responder_deliver(ctx, qp, wqe, r, local, false, IBV_WC_TM_NO_TAG);
+	bool rndv = tmh.opcode == IBV_TMH_RNDV;
+
+	xsrc::RecvWqe tagged_buf;
+	switch (xsrc_tm_match(table, r.rq, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), tagged_buf)) {
+	case xsrc_tm_outcome::no_receive:
+		return responder_no_receive(qp, r);
+	case xsrc_tm_outcome::unexpected:
+		responder_check_srq_limit(ctx, r);
+		return responder_deliver_to(ctx, qp, wqe, r, local, false, tagged_buf, IBV_WC_TM_RECV);
+	case xsrc_tm_outcome::matched:
+		break;
+	}
+
+	xsrc_cqe c = xsrc_make_cqe(tagged_buf.wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, r.qpn());
+	c.src_qp = qp->qpn.value();
+	c.wc_flags = IBV_WC_TM_MATCH;
+	c.flags |= XSRC_CQE_TM_INFO;
+	c.deferred_va = be64toh(tmh.tag);
+	c.vendor_err = be32toh(tmh.app_ctx);
+	if (wqe.opcode == IBV_WR_SEND_WITH_IMM) {
+		c.imm_data = wqe.imm_data;
+		c.wc_flags |= IBV_WC_WITH_IMM;
+	} else if (wqe.opcode == IBV_WR_SEND_WITH_INV) {
+		// As for a receive of the SRQ: the device invalidates the window.
+		if (!xsrc_mw_remote_invalidate(ctx, qp, r.qpn(), wqe.invalidate_rkey))
+			return responder_tm_error(ctx, r, tagged_buf, IBV_WC_REM_INV_REQ_ERR);
+		c.imm_data = wqe.invalidate_rkey;
+		c.wc_flags |= IBV_WC_WITH_INV;
+	}
+	if (wqe.flags & IBV_SEND_SOLICITED)
+		c.flags |= XSRC_CQE_SOLICITED;
+	bool unreachable = false;
+	ibv_rvh rvh{};
+	bool hw_rndv = rndv && local.total >= kTmhBytes + kRvhBytes && local.total <= XSRC_TM_RNDV_HDR_MAX;
+	if (hw_rndv) {
+		std::array<unsigned char, kTmhBytes + kRvhBytes> hdr;
+		local_gather(local, hdr.data(), hdr.size());
+		std::memcpy(&rvh, hdr.data() + kTmhBytes, kRvhBytes);
+		hw_rndv = be32toh(rvh.len) <= recv_capacity(tagged_buf);
+	}
+	if (!hw_rndv) {
+		// Eager, or a rendezvous the device does not do (its header is
+		// malformed or too long, or the data would not fit): what follows
+		// the TMH lands in the tagged buffer; for a rendezvous the status
+		// IBV_WC_TM_RNDV_INCOMPLETE leaves the transfer to software.
+		uint64_t len = local.total - kTmhBytes;
+		ibv_wc_status st = responder_tm_place(ctx, qp, r, tagged_buf, local.iov.data(), local.count, kTmhBytes,
+						      len, unreachable);
+		if (unreachable)
+			return Result::unreachable();
+		if (st != IBV_WC_SUCCESS)
+			return responder_tm_error(ctx, r, tagged_buf, st);
+		c.byte_len = static_cast<uint32_t>(len);
+		if (rndv)
+			c.status = IBV_WC_TM_RNDV_INCOMPLETE;
+		else
+			c.wc_flags |= IBV_WC_TM_DATA_VALID;
+		responder_complete(ctx, r, c);
+		return Result::done(local.total);
+	}
+
+	// Rendezvous: matched now, the data follows with the read.
+	responder_complete(ctx, r, c);
+	ibv_wc_status st = responder_tm_rndv_read(ctx, qp, r, tagged_buf, rvh, unreachable);
+	if (unreachable)
+		return Result::unreachable();
+	xsrc_cqe data = xsrc_make_cqe(tagged_buf.wr_id, st, IBV_WC_TM_RECV, r.qpn());
+	if (st != IBV_WC_SUCCESS) {
+		// The responder's read failed: its QP goes to error. Our SEND was
+		// delivered (and acknowledged) before the read began.
+		xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+		responder_complete(ctx, r, data);
+		return Result::done(local.total);
+	}
+	data.src_qp = qp->qpn.value();
+	data.byte_len = be32toh(rvh.len);
+	data.wc_flags = IBV_WC_TM_DATA_VALID;
+	responder_complete(ctx, r, data);
+	qp->tm_fin.pending = true;  // xsrc_tm_deliver_fin, after our own completion
+	qp->tm_fin.from_qpn = r.qpn().value();
+	qp->tm_fin.tmh = tmh;
 	return Result::done(local.total);
 }
 
@@ -657,12 +866,45 @@ Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, 
 			return Result::failed(IBV_WC_LOC_LEN_ERR);
 		if (local.total > XSRC_MAX_MSG_SIZE)
 			return Result::failed(IBV_WC_LOC_LEN_ERR);
+		if (r.srq && r.srq->srq_type == IBV_SRQT_TM && !ud)
+			return responder_deliver_tm(ctx, qp, wqe, r, local);
 		return responder_deliver(ctx, qp, wqe, r, local, ud);
 	}
 	return responder_remote_access(ctx, qp, wqe, r);
 }
 
 }  // namespace
+
+// The rendezvous's last step: the responder tells us, the requester, that it
+// has the data — a SEND of a TMH with opcode FIN into our own receive queue
+// (an ordinary IBV_WC_RECV). With no receive posted for it the FIN is lost
+// (an HCA would retry it, and fail the responder's QP after its RNR
+// retries): software that uses rendezvous keeps receives posted.
+void xsrc_tm_deliver_fin(xsrc_context *ctx, xsrc_qp *qp) noexcept
+{
+	qp->tm_fin.pending = false;
+	Responder self;
+	xsrc::RecvWqe rwqe;
+	if (!responder_find(ctx, qp->qpn, self) || !self.rq || !xsrc::recv_pop(self.rq, rwqe))
+		return;
+	responder_check_srq_limit(ctx, self);
+	ibv_tmh fin = qp->tm_fin.tmh;
+	fin.opcode = IBV_TMH_FIN;
+	std::array<iovec, XSRC_MAX_RECV_SGE> to;
+	size_t nto;
+	bool on_demand;
+	ibv_wc_status st =
+		xsrc_peer_recv_buffers(ctx->arena, rwqe, self.owner_pid, self.pd_id, kTmhBytes, to, nto, on_demand);
+	iovec from{&fin, kTmhBytes};
+	if (st == IBV_WC_SUCCESS && xsrc_peer_write(getpid(), &from, 1, to.data(), nto, kTmhBytes) != 0)
+		st = IBV_WC_LOC_PROT_ERR;
+	xsrc_cqe c = xsrc_make_cqe(rwqe.wr_id, st, IBV_WC_RECV, qp->qpn);
+	if (st == IBV_WC_SUCCESS) {
+		c.byte_len = kTmhBytes;
+		c.src_qp = qp->tm_fin.from_qpn;
+	}
+	responder_complete(ctx, self, c);
+}
 
 const xsrc_transport xsrc_shm_transport = {
 	.name = "shm",

@@ -5,12 +5,14 @@
 
 #include <new>
 
+#include "tm.h"
+
 namespace {
 
 using create_srq_resp = verbs_drv_buf<ib_uverbs_create_srq_resp, xsrc_create_srq_resp>;
 
-constexpr uint32_t supported_srq_init_mask =
-	IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+constexpr uint32_t supported_srq_init_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+					      IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
 
 xsrc_srq *srq_alloc(verbs_context *vctx)
 {
@@ -64,10 +66,19 @@ ibv_srq *srq_create_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 		errno = EOPNOTSUPP;
 		return nullptr;
 	}
-	if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC &&
-	    attr->srq_type != IBV_SRQT_XRC) {
+	ibv_srq_type type = attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE ? attr->srq_type : IBV_SRQT_BASIC;
+	if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC && type != IBV_SRQT_TM) {
 		verbs_err(&ctx->ibv_ctx, "create_srq_ex: srq_type %d is not supported\n", attr->srq_type);
 		errno = EOPNOTSUPP;
+		return nullptr;
+	}
+	// libibverbs checks a TM SRQ has a CQ and max_num_tags; the device
+	// checks max_num_tags against its own. List operations never stay
+	// outstanding (they execute as posted), so max_ops only has a ceiling.
+	if (type == IBV_SRQT_TM && attr->tm_cap.max_ops > XSRC_TM_MAX_OPS) {
+		verbs_err(&ctx->ibv_ctx, "create_srq_ex: tm_cap.max_ops %u is over the device's %u\n",
+			  attr->tm_cap.max_ops, XSRC_TM_MAX_OPS);
+		errno = EINVAL;
 		return nullptr;
 	}
 	xsrc_srq *srq = srq_alloc(&ctx->ibv_ctx);
@@ -77,6 +88,18 @@ ibv_srq *srq_create_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *attr)
 	create_srq_resp resp;
 	if (int err = ibv_cmd_create_srq_ex(ibctx, &srq->vsrq, attr, &cmd, sizeof(cmd), resp.core(), resp.size))
 		return srq_refused(&ctx->ibv_ctx, srq, attr->attr, err);
+	if (type == IBV_SRQT_TM) {
+		srq->tm = xsrc_tm_table_of(ctx->arena, resp.driver().ring_off);
+		srq->tm_cq = to_xsrc_cq(attr->cq);
+		if (!srq->tm) {
+			verbs_err(&ctx->ibv_ctx, "create_srq_ex: SRQ %u: the device laid out no tag table\n",
+				  resp.core()->srqn);
+			ibv_cmd_destroy_srq(&srq->vsrq.srq);
+			delete srq;
+			errno = EPROTO;
+			return nullptr;
+		}
+	}
 	return srq_finish(ctx, srq, resp, attr->attr.max_sge,
 			  attr->comp_mask & IBV_SRQ_INIT_ATTR_PD ? attr->pd : nullptr);
 }

@@ -2,6 +2,8 @@
 // The verbs xsrc implements, and the ops table that lists them.
 #include "xsrc.h"
 
+#include "tm.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -311,6 +313,7 @@ const verbs_context_ops xsrc_ctx_ops = {
 	.poll_cq = xsrc_poll_cq,
 	.post_recv = xsrc_post_recv,
 	.post_send = xsrc_post_send,
+	.post_srq_ops = xsrc_post_srq_ops,
 	.post_srq_recv = xsrc_post_srq_recv,
 	.query_device_ex = xsrc_query_device_ex,
 	.query_port = xsrc_query_port,

@@ -7,6 +7,8 @@
 
 #include "verbs_private.h"
 
+#include <infiniband/tm_types.h>
+
 #include <ctime>
 #include <xsrc-abi.h>
 
@@ -232,6 +234,7 @@ private:
 struct xsrc_cq {
 	verbs_cq vcq;
 	ibv_wc polled; // the completion start_poll/next_poll stepped onto
+	ibv_wc_tm_info polled_tm;    // its tag and app_ctx (XSRC_CQE_TM_INFO), else zero
 	uint64_t polled_ts;          // its free-running / wall-clock time in ns, if the CQ asked
 	uint64_t wc_flags;           // ibv_cq_init_attr_ex::wc_flags (0 for ibv_create_cq)
 	xsrc_cq_ring *ring;
@@ -248,6 +251,8 @@ struct xsrc_srq {
 	uint32_t max_sge;
 	xsrc_td_lock post_lock;      // the receive ring has one producer
 	xsrc_parent_domain *parent_domain; // made through one, else null
+	xsrc_tm_table *tm;           // a tag-matching SRQ's tag table (tm.cpp), else null
+	xsrc_cq *tm_cq;              // where its list operations complete
 };
 
 struct xsrc_ah {
@@ -274,6 +279,13 @@ struct xsrc_qp {
 	uint32_t max_send_wr, max_send_sge, max_recv_sge, max_inline_data;
 	bool sq_sig_all;
 	uint32_t wire_psn = 0;       // the next PSN of a UD packet on the wire
+	// A rendezvous this QP sent was matched and its data read: the FIN the
+	// responder sends back lands after our SEND's own completion (tm.h).
+	struct {
+		bool pending = false;
+		uint32_t from_qpn = 0;
+		ibv_tmh tmh{};
+	} tm_fin;
 
 	xsrc_parent_domain *parent_domain = nullptr; // made through one: its allocator, its TD
 	xsrc_td_lock rq_lock;            // the receive ring has one producer

@@ -3,7 +3,7 @@
 # (`xsrc up --abi 1` -> `xsrcd --abi 1`): the device opens, GET_CONTEXT
 # reports revision 1 with nothing past the r1 fields, XSRC_CMD_COPY does not
 # exist, neither does multicast (nor at --abi 2), nor memory windows (nor at
-# --abi 2 and 3), and real traffic works.
+# --abi 2 and 3), nor tag matching (up to --abi 6), and real traffic works.
 # The daemon runs in a mount namespace of its own (fresh /run, /dev/shm,
 # /dev/infiniband), beside the xsrc0 of the other tests.
 # Environment: XSRC, XSRC_BIN, XSRC_RUNDIR, SYSFS_PATH, RDMAV_DRIVERS,
@@ -71,6 +71,11 @@ step "GET_CONTEXT answers as revision 3" env XSRC_EXPECT_ABI_REVISION=3 "$COMMAN
 step "no memory windows at revision 3" env XSRC_EXPECT_NO_MW=1 XSRC_EXPECT_ABI_REVISION=3 \
   "$TRAFFIC_ERRORS_TEST" --gtest_filter=MwAbsent.*
 step "rc_pingpong at revision 3" "$XSRC_TESTS_DIR/traffic/pingpong.sh" 18857 ibv_rc_pingpong -g 1 -s 4096 -n 100
+"$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
+
+# Revision 6: no tag matching (it came with revision 7).
+step "xsrc up --abi 6" "$XSRC" up --name xsrc0 --abi 6
+step "no tag matching at revision 6" env XSRC_EXPECT_NO_TM=1 "$TM_TEST" --gtest_filter=TmAbsent.*
 "$XSRC" down >/dev/null || { echo "FAIL xsrc down"; fail=1; }
 
 # The other way round: a daemon at the default revision refuses --abi 1.

@@ -262,6 +262,25 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_mcast_table, num_groups, 0, 4),
 	XSRC_PIN_FIELD(xsrc_mcast_table, scan_end, 4, 4),
 	XSRC_PIN_FIELD(xsrc_mcast_table, reserved, 8, 56),
+	// r7: a TM-SRQ's tag table, after its ring.
+	XSRC_PIN_STRUCT(xsrc_tm_table, 64, 8),
+	XSRC_PIN_FIELD(xsrc_tm_table, lock, 0, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, num_tags, 4, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, max_sge, 8, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, stride, 12, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, unexpected, 16, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, sw_count, 20, 4),
+	XSRC_PIN_FIELD(xsrc_tm_table, next_order, 24, 8),
+	XSRC_PIN_FIELD(xsrc_tm_table, reserved, 32, 32),
+	XSRC_PIN_STRUCT(xsrc_tm_entry, 48, 8),
+	XSRC_PIN_FIELD(xsrc_tm_entry, state, 0, 4),
+	XSRC_PIN_FIELD(xsrc_tm_entry, num_sge, 4, 4),
+	XSRC_PIN_FIELD(xsrc_tm_entry, order, 8, 8),
+	XSRC_PIN_FIELD(xsrc_tm_entry, tag, 16, 8),
+	XSRC_PIN_FIELD(xsrc_tm_entry, mask, 24, 8),
+	XSRC_PIN_FIELD(xsrc_tm_entry, wr_id, 32, 8),
+	XSRC_PIN_FIELD(xsrc_tm_entry, generation, 40, 4),
+	XSRC_PIN_FIELD(xsrc_tm_entry, reserved, 44, 4),
 };
 
 #undef XSRC_PIN_STRUCT

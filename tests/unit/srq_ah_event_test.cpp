@@ -1,6 +1,7 @@
 // SRQ and AH commands, XSRC_CMD_RAISE_EVENT (completion and async events,
 // their pipes and their counts, from any context of the device), and
 // context teardown leaving the arena's tables empty.
+#include "common/tm_table.h"
 #include "command_fixture.h"
 
 namespace xsrc::test {
@@ -110,14 +111,48 @@ TEST_F(SrqAhEventTest, SrqCreateValidates)
 	x.xrcd_handle = pd0;
 	x.cq_handle = cq0;
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
-	x.srq_type = IBV_SRQT_TM;
-	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EOPNOTSUPP);
+	x.srq_type = IBV_SRQT_TM;  // a tag list of 0, or longer than the device's
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
+	x.max_num_tags = DeviceLimits::max_num_tags + 1;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
+	x.max_num_tags = 4;
+	x.cq_handle = pd0;  // not a CQ
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
+	x.cq_handle = cq0;
+	x.max_num_tags = 0;
 	x.srq_type = 7;
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), EINVAL);
 	x.srq_type = IBV_SRQT_BASIC;
 	ASSERT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), 0);
 	EXPECT_EQ(srq_entry(resp.core().srqn).ring_off, resp.drv().ring_off);
 	EXPECT_EQ(dev.srq_slots.used(), 1u);
+}
+
+// A tag-matching SRQ (driver ABI r7): its tag table follows its ring, every
+// entry free, sized by max_num_tags and the SRQ's SGEs; the CQ is held.
+TEST_F(SrqAhEventTest, TmSrqLaysOutItsTagTable)
+{
+	Resp<ib_uverbs_create_srq_resp, xsrc_create_srq_resp> resp;
+	ib_uverbs_create_xsrq x{};
+	x.response = reinterpret_cast<uintptr_t>(&resp);
+	x.pd_handle = pd0;
+	x.max_wr = 8;
+	x.max_sge = 2;
+	x.srq_type = IBV_SRQT_TM;
+	x.cq_handle = cq0;
+	x.max_num_tags = 5;
+	ASSERT_EQ(run(IB_USER_VERBS_CMD_CREATE_XSRQ, x, {}, sizeof(resp)), 0);
+	const xsrc_srq_entry &e = srq_entry(resp.core().srqn);
+	EXPECT_EQ(e.srq_type, uint32_t(IBV_SRQT_TM));
+	auto &ring = arena().at<xsrc_recv_ring>(resp.drv().ring_off);
+	auto &table = arena().at<xsrc_tm_table>(tm_table_offset(resp.drv().ring_off, ring));
+	EXPECT_EQ(table.num_tags, 5u);
+	EXPECT_EQ(table.max_sge, 2u);
+	EXPECT_EQ(table.stride, tm_entry_stride(2));
+	EXPECT_TRUE(tm_table_sane(table, tm_table_bytes(5, 2)));
+	for (uint32_t i = 0; i < table.num_tags; ++i)
+		EXPECT_EQ(tm_entry_at(&table, i)->state, uint32_t(XSRC_TM_FREE));
+	EXPECT_EQ(destroy_cq(cq0), EBUSY);  // the SRQ's list operations complete there
 }
 
 TEST_F(SrqAhEventTest, SrqLimitAndResizeWithinTheRing)
