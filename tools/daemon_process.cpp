@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 namespace xsrc::cli {
 
@@ -29,7 +32,38 @@ fs::path xsrcd_executable()
 
 // Only async-signal-safe calls after fork(): the child turns into xsrcd or
 // reports the errno through `report` (closed by a successful exec).
-[[noreturn]] static void exec_detached(const char *const argv[], int devnull, int log, int report)
+// The environment xsrcd runs with: ours, less the rdma_cm interposer in
+// LD_PRELOAD, which `xsrc env` and `xsrc run` put there for applications (a
+// restart from such a shell, or a test's) and which has no business in the
+// daemon: it would turn the daemon's own FUSE files into character devices.
+static std::vector<std::string> daemon_environment()
+{
+	std::vector<std::string> env;
+	for (char **e = environ; *e; ++e) {
+		std::string_view var(*e);
+		constexpr std::string_view kPreload = "LD_PRELOAD=";
+		if (!var.starts_with(kPreload)) {
+			env.emplace_back(var);
+			continue;
+		}
+		std::string kept;
+		std::string_view rest = var.substr(kPreload.size());
+		while (!rest.empty()) {
+			size_t end = rest.find_first_of(" :");
+			std::string_view lib = rest.substr(0, end);
+			rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+			std::string_view name = lib.substr(lib.rfind('/') + 1);
+			if (lib.empty() || name.starts_with("libxsrc-preload"))
+				continue;
+			kept += (kept.empty() ? "" : " ") + std::string(lib);
+		}
+		if (!kept.empty())
+			env.push_back(std::string(kPreload) + kept);
+	}
+	return env;
+}
+
+[[noreturn]] static void exec_detached(const char *const argv[], char *const envp[], int devnull, int log, int report)
 {
 	setsid();  // no controlling terminal: the daemon outlives the shell
 	dup2(devnull, STDIN_FILENO);
@@ -46,7 +80,7 @@ fs::path xsrcd_executable()
 	// Fds inherited from whoever ran xsrc (a test harness's pipes) must not
 	// live on in the daemon.
 	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-	execv(argv[0], const_cast<char *const *>(argv));
+	execve(argv[0], const_cast<char *const *>(argv), envp);
 	report_errno_and_exit(report);
 }
 
@@ -66,11 +100,17 @@ pid_t start_xsrcd(const fs::path &xsrcd, const RunDir &run, const std::string &a
 	const std::string path = xsrcd.string(), rundir = run.dir.string();
 	const char *const argv[] = {path.c_str(), "--rundir", rundir.c_str(),
 				    abi.empty() ? nullptr : "--abi", abi.c_str(), nullptr};
+	// Made before fork(): the child may only make async-signal-safe calls.
+	std::vector<std::string> env = daemon_environment();
+	std::vector<char *> envp;
+	for (std::string &var : env)
+		envp.push_back(var.data());
+	envp.push_back(nullptr);
 	pid_t pid = fork();
 	if (pid < 0)
 		throw CliError("fork: " + errno_text(errno));
 	if (pid == 0)
-		exec_detached(argv, devnull.get(), log.get(), report_write.get());
+		exec_detached(argv, envp.data(), devnull.get(), log.get(), report_write.get());
 
 	report_write = unique_fd();
 	int exec_errno = 0;
