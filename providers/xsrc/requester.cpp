@@ -26,6 +26,9 @@ constexpr uint64_t kNsPerUs = 1000, kNsPerSec = 1000000000ull;
 // progress thread runs them for a QP that neither posts nor polls.
 constexpr size_t kBatchMax = xsrc_batch_max;
 constexpr uint64_t kDeferNs = 100 * kNsPerUs;
+// After deferred WQEs waited out their deadline, this many posts that could
+// be deferred are not (the deadline costs a ping-pong one round trip).
+constexpr uint32_t kDeferHoldoffPosts = 4096;
 
 ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
 {
@@ -211,6 +214,10 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 	// Deferred: the caller leaves room for one more (max_send_wr counts the queue).
 	bool defer = streaming && !requester_signaled(qp, wqe) && requester_batchable(ctx, qp, wqe) &&
 		     qp->sq.size() + 2 < qp->max_send_wr && qp->sq.size() + 1 < kBatchMax;
+	if (defer && qp->defer_holdoff) {
+		--qp->defer_holdoff;
+		defer = false;
+	}
 	if (!qp->sq.empty()) {
 		qp->sq.push_next();  // blocked or deferred work ahead of it keeps the order
 		if (qp->retry_at_ns || defer)
@@ -224,7 +231,8 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		qp->sq.push_next();
 		// The deadline: one wake-up of the thread per kDeferNs at most (a
 		// QP already due no later is left as it is).
-		xsrc_progress_schedule(ctx, qp, xsrc_requester_now_ns() + kDeferNs);
+		qp->deferred_at_ns = xsrc_requester_now_ns();
+		xsrc_progress_schedule(ctx, qp, qp->deferred_at_ns + kDeferNs);
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.
@@ -238,6 +246,17 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		xsrc_progress_schedule(ctx, qp, qp->retry_at_ns);
 	else if (uint64_t next = xsrc_requester_progress(qp))
 		xsrc_progress_schedule(ctx, qp, next);
+}
+
+uint64_t xsrc_requester_progress_due(xsrc_qp *qp) noexcept
+{
+	if (!qp->sq.empty() && !qp->retry_at_ns) {
+		uint64_t due = qp->deferred_at_ns + kDeferNs;
+		if (xsrc_requester_now_ns() < due)
+			return due;  // a batch younger than the deadline: the posts end it
+		qp->defer_holdoff = kDeferHoldoffPosts;
+	}
+	return xsrc_requester_progress(qp);
 }
 
 void xsrc_requester_run_deferred(xsrc_qp *qp) noexcept

@@ -83,8 +83,13 @@ const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah, bool d
 // unsignaled RDMA WRITE or atomic of a QP that posts faster than its send
 // CQ is polled is deferred instead, into a batch that runs in one go when
 // a signaled or other WQE follows, when the batch is full, or after
-// kDeferNs at the latest (the progress thread).
+// kDeferNs at the latest (the progress thread: xsrc_requester_progress_due).
 void xsrc_requester_post(xsrc_qp *qp) noexcept;
+// The progress thread's pass: as xsrc_requester_progress(), but deferred
+// WQEs wait for their deadline, and a QP whose deferred WQEs reached it
+// (the application waited for them without a verbs call: a ping-pong)
+// defers nothing for a while.
+uint64_t xsrc_requester_progress_due(xsrc_qp *qp) noexcept;
 // Executes the deferred WQEs (none blocked) now: before the QP changes state
 // or goes away.
 void xsrc_requester_run_deferred(xsrc_qp *qp) noexcept;

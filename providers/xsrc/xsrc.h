@@ -284,6 +284,8 @@ struct xsrc_qp {
 	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
 	// sq holds deferred WQEs (none blocked): retry_at_ns is 0 then.
 	uint64_t send_cq_polls_seen = UINT64_MAX; // send_cq->polls at the last post
+	uint64_t deferred_at_ns = 0;     // when the oldest deferred WQE was posted
+	uint32_t defer_holdoff = 0;      // posts that may not be deferred (a ping-pong was seen)
 
 	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
 	// max_send_wr + 1 staged WQEs (one more always fails), then a scratch
