@@ -180,6 +180,49 @@ TEST_F(Batch, DeferredWritesMoveBeforeDestroy)
 		EXPECT_EQ(peer64(4096 + 64 * i), kFill64) << "write " << i;
 }
 
+// Deferred WQEs hold send queue slots only until they run: a work request
+// list (ibv_wr_*) that fits max_send_wr with nothing outstanding is taken
+// whole, deferred writes or not.
+TEST_F(Batch, WorkRequestListFitsBesideDeferredWrites)
+{
+	ibv_qp_init_attr_ex attr{};
+	attr.send_cq = attr.recv_cq = cq_;
+	attr.qp_type = IBV_QPT_RC;
+	attr.cap.max_send_wr = 64;
+	attr.cap.max_recv_wr = 1;
+	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	attr.pd = me().pd;
+	attr.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+	ibv_qp *qp = ibv_create_qp_ex(me().ctx, &attr);  // ours to destroy, not the fixture's
+	ASSERT_NE(qp, nullptr);
+	Msg r = peer().call(Msg("qp").set("type", "rc").set("cq", pcq_));
+	rc_connect(qp, static_cast<uint32_t>(r.u64("qpn")), peer().gid, {});
+	peer().call(Msg("connect").set("qp", r.u64("id")).set("remote_qpn", qp->qp_num).set("gid", gid_hex(me().gid)));
+	for (int i = 0; i < 40; ++i) {
+		SendWr w(i, IBV_WR_RDMA_WRITE, src_->addr(), 8, src_->lkey(), 0);
+		ASSERT_EQ(w.rdma(target_.addr + 64 * i, target_.rkey).post(qp), 0);
+	}
+	ibv_qp_ex *qpx = ibv_qp_to_qp_ex(qp);
+	ibv_wr_start(qpx);
+	for (int i = 0; i < 60; ++i) {
+		qpx->wr_id = 100 + i;
+		qpx->wr_flags = i == 59 ? IBV_SEND_SIGNALED : 0;
+		ibv_wr_rdma_write(qpx, target_.rkey, target_.addr + 4096 + 64 * i);
+		ibv_wr_set_sge(qpx, src_->lkey(), src_->addr(), 8);
+	}
+	EXPECT_EQ(ibv_wr_complete(qpx), 0);
+	ibv_wc wc{};
+	ASSERT_TRUE(one_completion(cq_, &wc));
+	EXPECT_EQ(wc.wr_id, 159u);
+	EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
+	for (int i = 0; i < 40; ++i)
+		EXPECT_EQ(peer64(64 * i), kFill64) << "posted write " << i;
+	for (int i = 0; i < 60; ++i)
+		EXPECT_EQ(peer64(4096 + 64 * i), kFill64) << "listed write " << i;
+	EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
 // Unsignaled atomics batch too: on words 64 bytes apart, with a
 // compare-and-swap among them that must see the adds before it.
 TEST_F(Batch, AtomicsInOrderAcrossWords)
