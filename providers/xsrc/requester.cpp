@@ -172,7 +172,9 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 // The head WQE and the batchable ones after it, attempted together. True
 // when a batch ran (each of its WQEs is settled), false when the head is for
 // execute(). `stopped`: the last one settled did not finish (retry armed).
-bool requester_run_batch(xsrc_context *ctx, xsrc_qp *qp, bool &stopped)
+// A run the engine takes none of (a segment mapped here, a peer reached
+// through the device) ends deferral for a while: it gains nothing there.
+bool requester_run_batch(xsrc_context *ctx, xsrc_qp *qp, bool &stopped, bool &refused)
 {
 	const xsrc_send_wqe *run[kBatchMax];
 	size_t n = 0;
@@ -184,10 +186,15 @@ bool requester_run_batch(xsrc_context *ctx, xsrc_qp *qp, bool &stopped)
 		return false;
 	Result out[kBatchMax];
 	size_t done = requester_engine(ctx, qp, *run[0])->execute_batch(ctx, qp, run, n, out);
+	if (!done) {
+		qp->defer_holdoff = kDeferHoldoffPosts;
+		refused = true;
+		return false;
+	}
 	stopped = false;
 	for (size_t i = 0; i < done && !stopped; ++i)
 		stopped = !requester_settle_head(ctx, qp, out[i]);
-	return done != 0;
+	return true;
 }
 
 }  // namespace
@@ -271,6 +278,7 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 {
 	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
 	uint64_t now = 0;
+	bool batching = true;
 	while (!qp->sq.empty()) {
 		if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
 			xsrc_requester_flush(qp);
@@ -282,12 +290,14 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 				return qp->retry_at_ns;
 			qp->retry_at_ns = 0;
 		}
-		bool stopped = false;
-		if (requester_run_batch(ctx, qp, stopped)) {
+		// One refused run is enough: the rest of this pass goes one by one.
+		bool stopped = false, refused = false;
+		if (batching && requester_run_batch(ctx, qp, stopped, refused)) {
 			if (stopped)
 				return qp->retry_at_ns;
 			continue;
 		}
+		batching = batching && !refused;
 		Result res = requester_execute(ctx, qp, qp->sq.front());
 		if (!requester_settle_head(ctx, qp, res, now))
 			return qp->retry_at_ns;
