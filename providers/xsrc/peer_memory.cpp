@@ -250,26 +250,49 @@ uint64_t atomic_lock_hash(uint32_t pid, uint64_t va)
 // Spins between checks whether the holder is still alive.
 constexpr unsigned kSpinsPerHolderCheck = 1024;
 
-}  // namespace
-
-xsrc_peer_atomic_lock::xsrc_peer_atomic_lock(const xsrc::Arena &arena, uint32_t pid, uint64_t va, uint32_t me)
-	: word_(arena.atomic_lock(atomic_lock_hash(pid, va))), me_(me)
+// Takes one lock word, taking over from a holder that died.
+void atomic_lock_take(uint32_t *word, uint32_t me)
 {
-	auto lock = atomic(*word_);
+	auto lock = atomic(*word);
 	for (unsigned spins = 0;; ++spins) {
 		uint32_t holder = 0;
-		if (lock.compare_exchange_weak(holder, me_, std::memory_order_acquire))
+		if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire))
 			return;
 		if (spins % kSpinsPerHolderCheck == kSpinsPerHolderCheck - 1) {
 			if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
-			    lock.compare_exchange_strong(holder, me_, std::memory_order_acquire))
+			    lock.compare_exchange_strong(holder, me, std::memory_order_acquire))
 				return;
 			sched_yield();
 		}
 	}
 }
 
+}  // namespace
+
+xsrc_peer_atomic_lock::xsrc_peer_atomic_lock(const xsrc::Arena &arena, uint32_t pid, uint64_t va, uint32_t me)
+	: word_(arena.atomic_lock(atomic_lock_hash(pid, va))), me_(me)
+{
+	atomic_lock_take(word_, me_);
+}
+
 xsrc_peer_atomic_lock::~xsrc_peer_atomic_lock()
 {
 	xsrc::store_release(*word_, 0u);
+}
+
+xsrc_peer_atomic_locks::xsrc_peer_atomic_locks(const xsrc::Arena &arena, uint32_t pid, const uint64_t *va,
+					       size_t n, uint32_t me)
+{
+	for (size_t i = 0; i < n && count_ < kMax; ++i)
+		words_[count_++] = arena.atomic_lock(atomic_lock_hash(pid, va[i]));
+	std::sort(words_.begin(), words_.begin() + count_);
+	count_ = static_cast<size_t>(std::unique(words_.begin(), words_.begin() + count_) - words_.begin());
+	for (size_t i = 0; i < count_; ++i)
+		atomic_lock_take(words_[i], me);
+}
+
+xsrc_peer_atomic_locks::~xsrc_peer_atomic_locks()
+{
+	for (size_t i = count_; i-- > 0;)
+		xsrc::store_release(*words_[i], 0u);
 }

@@ -106,3 +106,20 @@ private:
 	uint32_t *word_;
 	uint32_t me_;
 };
+
+// The same lock words for several of a peer's 8-byte words at once (a batch
+// of atomics): each word's lock taken once, in address order, so that two
+// batches never wait on each other in a cycle (a single lock holder waits on
+// nothing). Up to kMax words.
+class xsrc_peer_atomic_locks {
+public:
+	static constexpr size_t kMax = 64;
+	xsrc_peer_atomic_locks(const xsrc::Arena &arena, uint32_t pid, const uint64_t *va, size_t n, uint32_t me);
+	~xsrc_peer_atomic_locks();
+	xsrc_peer_atomic_locks(const xsrc_peer_atomic_locks &) = delete;
+	xsrc_peer_atomic_locks &operator=(const xsrc_peer_atomic_locks &) = delete;
+
+private:
+	std::array<uint32_t *, kMax> words_;
+	size_t count_ = 0;
+};

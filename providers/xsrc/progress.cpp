@@ -124,7 +124,7 @@ void Progress::run() noexcept
 		uint64_t again;
 		{
 			std::lock_guard sq(next->sq_lock);
-			again = xsrc_requester_progress(next);
+			again = xsrc_requester_progress_due(next);
 		}
 		guard.lock();
 		busy_ = nullptr;

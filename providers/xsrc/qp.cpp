@@ -394,7 +394,7 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		return 0;
 	if (attr->qp_state == IBV_QPS_ERR) {
 		std::lock_guard guard(qp->sq_lock);
-		xsrc_requester_flush(qp);
+		xsrc_requester_flush(qp);  // deferred WQEs too: not executed yet
 	} else if (attr->qp_state == IBV_QPS_RESET) {
 		// Back to RESET: the queues are emptied without completions.
 		std::lock_guard guard(qp->sq_lock);
@@ -430,6 +430,10 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 	if (xsrc_raw_qp_has_flows(ctx, qp)) {
 		verbs_err(qp_vctx(qp), "destroy_qp: QP %u still has flows\n", qp->qpn.value());
 		return EBUSY;
+	}
+	{
+		std::lock_guard guard(qp->sq_lock);
+		xsrc_requester_run_deferred(qp);  // posted before the QP went: it moves
 	}
 	xsrc_progress_forget(ctx, qp);
 	if (int err = xsrc_destroy_status(ctx, ibv_cmd_destroy_qp(ibqp))) {

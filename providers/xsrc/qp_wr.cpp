@@ -170,6 +170,10 @@ int qp_wr_complete(ibv_qp_ex *ibqp)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	int err = xsrc_device_gone(to_xsrc_ctx(ibqp->qp_base.context)) ? EIO : qp->staged_error;
+	// Deferred WQEs (requester.cpp) hold queue slots only until they run:
+	// run them rather than refuse the list for want of room.
+	if (!err && qp->sq.size() + qp->staged_count >= qp->max_send_wr)
+		xsrc_requester_run_deferred(qp);
 	for (size_t i = 0; !err && i < qp->staged_count; ++i) {
 		err = xsrc_qp_validate_wqe(qp, qp->staged[i]);
 		if (!err && qp->sq.size() + i >= qp->max_send_wr) {

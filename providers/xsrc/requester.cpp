@@ -24,6 +24,14 @@ constexpr uint8_t kAckTimeoutMaxExp = 20;
 constexpr uint64_t kAckTimeoutCapNs = 1000000000ull;
 constexpr uint64_t kNsPerUs = 1000, kNsPerSec = 1000000000ull;
 
+// Deferred WQEs: at most this many in one batch, and this long before the
+// progress thread runs them for a QP that neither posts nor polls.
+constexpr size_t kBatchMax = xsrc_batch_max;
+constexpr uint64_t kDeferNs = 100 * kNsPerUs;
+// After deferred WQEs waited out their deadline, this many posts that could
+// be deferred are not (the deadline costs a ping-pong one round trip).
+constexpr uint32_t kDeferHoldoffPosts = 4096;
+
 ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
 {
 	switch (op) {
@@ -65,11 +73,33 @@ Result requester_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 	return requester_engine(ctx, qp, wqe)->execute(ctx, qp, wqe);
 }
 
+// Can `wqe` join a batch (transport.h: execute_batch)? RC RDMA WRITEs and
+// atomics carry nothing the responder's CPU sees, so that when they move
+// is the device's business, as on an HCA.
+bool requester_batchable(const xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe)
+{
+	if (qp->type != IBV_QPT_RC || wqe.retried() || !requester_engine(ctx, qp, wqe)->execute_batch)
+		return false;
+	switch (wqe.opcode) {
+	case IBV_WR_RDMA_WRITE:
+		return true;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return !wqe.atomic_value_inline;
+	default:
+		return false;
+	}
+}
+
+bool requester_signaled(const xsrc_qp *qp, const xsrc_send_wqe &wqe)
+{
+	return qp->sq_sig_all || (wqe.flags & IBV_SEND_SIGNALED);
+}
+
 void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, ibv_wc_status status,
 			uint32_t byte_len)
 {
-	bool signaled = qp->sq_sig_all || (wqe.flags & IBV_SEND_SIGNALED);
-	if (status == IBV_WC_SUCCESS && !signaled)
+	if (status == IBV_WC_SUCCESS && !requester_signaled(qp, wqe))
 		return;
 	xsrc_cqe c = xsrc_make_cqe(wqe.wr_id, status, requester_wc_opcode(wqe.opcode), qp->qpn);
 	c.byte_len = byte_len;
@@ -115,8 +145,10 @@ void requester_fail_head(xsrc_context *ctx, xsrc_qp *qp, ibv_wc_status status)
 
 // Acts on the outcome of an attempt at the head WQE: completes it, or
 // arms its retry. True when it finished (done or failed).
-bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t now)
+bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t now = 0)
 {
+	if (!now && (res.attempt == xsrc_attempt::rnr || res.attempt == xsrc_attempt::unreachable))
+		now = xsrc_requester_now_ns();
 	xsrc_send_wqe &wqe = qp->sq.front();
 	switch (res.attempt) {
 	case xsrc_attempt::done:
@@ -148,6 +180,34 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 	return true;
 }
 
+// The head WQE and the batchable ones after it, attempted together. True
+// when a batch ran (each of its WQEs is settled), false when the head is for
+// execute(). `stopped`: the last one settled did not finish (retry armed).
+// A run the engine takes none of (a segment mapped here, a peer reached
+// through the device) ends deferral for a while: it gains nothing there.
+bool requester_run_batch(xsrc_context *ctx, xsrc_qp *qp, bool &stopped, bool &refused)
+{
+	const xsrc_send_wqe *run[kBatchMax];
+	size_t n = 0;
+	while (n < kBatchMax && n < qp->sq.size() && requester_batchable(ctx, qp, qp->sq.at(n))) {
+		run[n] = &qp->sq.at(n);
+		++n;
+	}
+	if (n < 2)
+		return false;
+	Result out[kBatchMax];
+	size_t done = requester_engine(ctx, qp, *run[0])->execute_batch(ctx, qp, run, n, out);
+	if (!done) {
+		qp->defer_holdoff = kDeferHoldoffPosts;
+		refused = true;
+		return false;
+	}
+	stopped = false;
+	for (size_t i = 0; i < done && !stopped; ++i)
+		stopped = !requester_settle_head(ctx, qp, out[i]);
+	return true;
+}
+
 }  // namespace
 
 uint64_t xsrc_requester_now_ns() noexcept
@@ -165,8 +225,32 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		requester_complete(ctx, qp, wqe, IBV_WC_WR_FLUSH_ERR, 0);
 		return;
 	}
+	// Streaming: posted again with no poll of the send CQ since the last post.
+	uint64_t polls = qp->send_cq ? qp->send_cq->polls.load(std::memory_order_relaxed) : 0;
+	bool streaming = polls == qp->send_cq_polls_seen;
+	qp->send_cq_polls_seen = polls;
+	// Deferred: the caller leaves room for one more (max_send_wr counts the queue).
+	bool defer = streaming && !requester_signaled(qp, wqe) && requester_batchable(ctx, qp, wqe) &&
+		     qp->sq.size() + 2 < qp->max_send_wr && qp->sq.size() + 1 < kBatchMax;
+	if (defer && qp->defer_holdoff) {
+		--qp->defer_holdoff;
+		defer = false;
+	}
 	if (!qp->sq.empty()) {
-		qp->sq.push_next();  // blocked work ahead of it keeps the order
+		qp->sq.push_next();  // blocked or deferred work ahead of it keeps the order
+		if (qp->retry_at_ns || defer)
+			return;
+		// Deferred work, and this one ends the batch: all of it now.
+		if (uint64_t next = xsrc_requester_progress(qp))
+			xsrc_progress_schedule(ctx, qp, next);
+		return;
+	}
+	if (defer) {
+		qp->sq.push_next();
+		// The deadline: one wake-up of the thread per kDeferNs at most (a
+		// QP already due no later is left as it is).
+		qp->deferred_at_ns = xsrc_requester_now_ns();
+		xsrc_progress_schedule(ctx, qp, qp->deferred_at_ns + kDeferNs);
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.
@@ -182,10 +266,30 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		xsrc_progress_schedule(ctx, qp, next);
 }
 
+uint64_t xsrc_requester_progress_due(xsrc_qp *qp) noexcept
+{
+	if (!qp->sq.empty() && !qp->retry_at_ns) {
+		uint64_t due = qp->deferred_at_ns + kDeferNs;
+		if (xsrc_requester_now_ns() < due)
+			return due;  // a batch younger than the deadline: the posts end it
+		qp->defer_holdoff = kDeferHoldoffPosts;
+	}
+	return xsrc_requester_progress(qp);
+}
+
+void xsrc_requester_run_deferred(xsrc_qp *qp) noexcept
+{
+	if (qp->sq.empty() || qp->retry_at_ns)
+		return;
+	if (uint64_t next = xsrc_requester_progress(qp))
+		xsrc_progress_schedule(to_xsrc_ctx(qp->vqp.qp.context), qp, next);
+}
+
 uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 {
 	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
 	uint64_t now = 0;
+	bool batching = true;
 	while (!qp->sq.empty()) {
 		if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
 			xsrc_requester_flush(qp);
@@ -197,8 +301,16 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 				return qp->retry_at_ns;
 			qp->retry_at_ns = 0;
 		}
+		// One refused run is enough: the rest of this pass goes one by one.
+		bool stopped = false, refused = false;
+		if (batching && requester_run_batch(ctx, qp, stopped, refused)) {
+			if (stopped)
+				return qp->retry_at_ns;
+			continue;
+		}
+		batching = batching && !refused;
 		Result res = requester_execute(ctx, qp, qp->sq.front());
-		if (!requester_settle_head(ctx, qp, res, now ? now : xsrc_requester_now_ns()))
+		if (!requester_settle_head(ctx, qp, res, now))
 			return qp->retry_at_ns;
 	}
 	return 0;

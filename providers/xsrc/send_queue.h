@@ -112,6 +112,8 @@ public:
 	bool empty() const noexcept { return size_ == 0; }
 	size_t size() const noexcept { return size_; }
 	xsrc_send_wqe &front() noexcept { return slots_[head_]; }
+	// The i-th queued WQE from the front (i < size()).
+	xsrc_send_wqe &at(size_t i) noexcept { return slots_[wrap(head_ + i)]; }
 	void pop_front() noexcept
 	{
 		head_ = wrap(head_ + 1);

@@ -873,6 +873,214 @@ Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, 
 	return responder_remote_access(ctx, qp, wqe, r);
 }
 
+// --- batches (transport.h: execute_batch) ----------------------------------
+
+// The most WQEs, local pieces and remote ranges one batch moves in one
+// system call.
+constexpr size_t kBatchIov = 256;
+
+// One WQE of a batch after the checks execute() makes before a byte moves:
+// its local buffers and the responder's VA its rkey names.
+struct BatchItem {
+	xsrc_local_buffers local;
+	uint64_t va = 0;
+};
+
+// The checks of responder_remote_access() for one RDMA WRITE or atomic,
+// without an effect: true when the batch may carry it; false when it is
+// for execute() (an error to report, an empty write, a segment mapped
+// here, a window bound elsewhere).
+bool batch_check(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, const Responder &r, BatchItem &item)
+{
+	uint32_t need = remote_access_needed(wqe.opcode);
+	bool is_atomic = need == IBV_ACCESS_REMOTE_ATOMIC;
+	if ((r.qp->access_flags & need) != need || !xsrc_peer_local_buffers(ctx, qp, wqe, is_atomic, item.local))
+		return false;
+	if (is_atomic && (item.local.total != kAtomicBytes || item.local.count != 1 ||
+			  (wqe.remote_addr & (kAtomicBytes - 1))))
+		return false;
+	if (item.local.total == 0 || item.local.total > XSRC_MAX_MSG_SIZE)
+		return false;
+	const xsrc_mr_entry *key = xsrc_peer_live_mr(ctx->arena, wqe.rkey);
+	if (!xsrc_peer_mr_range(key, r.owner_pid, r.rkey_pd_id, wqe.remote_addr, item.local.total, need, item.va))
+		return false;
+	if (key->bound_qpn && key->bound_qpn != r.qp->qpn)
+		return false;
+	// Memory mapped here is reached with plain loads and stores by execute().
+	return !ctx->shm_maps.find(*key, wqe.rkey.value(), r.owner_pid, item.va, item.local.total);
+}
+
+// RDMA WRITEs: one process_vm_writev for all (adjacent remote ranges
+// merged). A copy that stops part way completes the WQEs it covered; the
+// rest go to execute(), which writes the same bytes again and reports.
+size_t batch_write(xsrc_context *ctx, const Responder &r, const xsrc_send_wqe *const *wqes, size_t n,
+		   BatchItem *items, Result *out)
+{
+	std::array<iovec, kBatchIov> local, remote;
+	size_t nlocal = 0, nremote = 0, k = 0;
+	uint64_t total = 0;
+	for (; k < n && wqes[k]->opcode == IBV_WR_RDMA_WRITE; ++k) {
+		const BatchItem &it = items[k];
+		bool merges = nremote && reinterpret_cast<uint64_t>(remote[nremote - 1].iov_base) +
+						 remote[nremote - 1].iov_len == it.va;
+		if (nlocal + it.local.count > kBatchIov || (!merges && nremote == kBatchIov))
+			break;
+		for (size_t i = 0; i < it.local.count; ++i)
+			local[nlocal++] = it.local.iov[i];
+		if (merges)
+			remote[nremote - 1].iov_len += it.local.total;
+		else
+			remote[nremote++] = {reinterpret_cast<void *>(it.va), it.local.total};
+		total += it.local.total;
+	}
+	ssize_t moved = process_vm_writev(static_cast<pid_t>(r.owner_pid), local.data(), nlocal, remote.data(),
+					  nremote, 0);
+	if (moved < 0) {
+		if (errno == EPERM)
+			xsrc_peer_refused(ctx, r.owner_pid);
+		return 0;  // nothing moved: execute() takes the head and says why
+	}
+	size_t done = 0;
+	for (uint64_t covered = 0; done < k && covered + items[done].local.total <= static_cast<uint64_t>(moved);
+	     ++done) {
+		covered += items[done].local.total;
+		out[done] = Result::done(items[done].local.total);
+	}
+	return done;
+}
+
+// Reads the peer's distinct words va[0..n) into value[]: one range that
+// covers them all when they lie close together (the kernel pins each range
+// it is given, which costs more than the bytes between them; nothing but
+// the words is used), else one range per word. False when not all of them
+// were read; `err` the errno of the last attempt.
+bool batch_read_words(pid_t pid, const uint64_t *va, size_t n, uint64_t *value, int &err)
+{
+	constexpr uint64_t kCoverMax = 8192;
+	uint64_t lo = va[0], hi = va[0];
+	for (size_t w = 1; w < n; ++w) {
+		lo = std::min(lo, va[w]);
+		hi = std::max(hi, va[w]);
+	}
+	err = 0;
+	if (n > 1 && hi - lo < kCoverMax) {
+		alignas(8) unsigned char cover[kCoverMax];
+		uint64_t len = hi + kAtomicBytes - lo;
+		iovec local{cover, len}, remote{reinterpret_cast<void *>(lo), len};
+		ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+		if (got == static_cast<ssize_t>(len)) {
+			for (size_t w = 0; w < n; ++w)
+				std::memcpy(&value[w], cover + (va[w] - lo), kAtomicBytes);
+			return true;
+		}
+		// Something between the words is not mapped: word by word.
+	}
+	std::array<iovec, xsrc_peer_atomic_locks::kMax> local, remote;
+	for (size_t w = 0; w < n; ++w) {
+		local[w] = {&value[w], kAtomicBytes};
+		remote[w] = {reinterpret_cast<void *>(va[w]), kAtomicBytes};
+	}
+	ssize_t got = process_vm_readv(pid, local.data(), n, remote.data(), n, 0);
+	err = got < 0 ? errno : 0;
+	return got == static_cast<ssize_t>(n * kAtomicBytes);
+}
+
+// Atomics: under the lock words of every word they touch, one read of the
+// distinct words, each operation in order on the values read, one write of
+// the words that changed (adjacent ones as one range; never a byte beside
+// them). A read that fails changes nothing (execute() takes the head); a
+// write that fails ends the first WQE as execute() would end it, and the
+// rest with it.
+size_t batch_atomics(xsrc_context *ctx, const Responder &r, const xsrc_send_wqe *const *wqes, size_t n,
+		     BatchItem *items, Result *out)
+{
+	constexpr size_t kWords = xsrc_peer_atomic_locks::kMax;
+	uint64_t va[kWords], value[kWords], before[kWords], original[kWords];
+	size_t word_of[kWords];
+	size_t words = 0, k = 0;
+	for (; k < n && k < kWords && remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC; ++k) {
+		size_t w = 0;
+		while (w < words && va[w] != items[k].va)
+			++w;
+		if (w == words)
+			va[words++] = items[k].va;
+		word_of[k] = w;
+	}
+	pid_t pid = static_cast<pid_t>(r.owner_pid);
+	xsrc_peer_atomic_locks locks(ctx->arena, r.owner_pid, va, words, static_cast<uint32_t>(ctx->pid));
+	int err;
+	if (!batch_read_words(pid, va, words, value, err)) {
+		if (err == EPERM)
+			xsrc_peer_refused(ctx, r.owner_pid);
+		return 0;
+	}
+	std::memcpy(before, value, words * sizeof(uint64_t));
+	for (size_t i = 0; i < k; ++i) {
+		uint64_t &v = value[word_of[i]];
+		original[i] = v;
+		if (wqes[i]->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD)
+			v += wqes[i]->compare_add;
+		else if (v == wqes[i]->compare_add)
+			v = wqes[i]->swap;
+	}
+	std::array<iovec, kWords> local, remote;
+	size_t changed = 0, nremote = 0;
+	for (size_t w = 0; w < words; ++w) {
+		if (value[w] == before[w])
+			continue;
+		local[changed++] = {&value[w], kAtomicBytes};
+		iovec *last = nremote ? &remote[nremote - 1] : nullptr;
+		if (last && reinterpret_cast<uint64_t>(last->iov_base) + last->iov_len == va[w])
+			last->iov_len += kAtomicBytes;
+		else
+			remote[nremote++] = {reinterpret_cast<void *>(va[w]), kAtomicBytes};
+	}
+	if (changed) {
+		ssize_t put = process_vm_writev(pid, local.data(), changed, remote.data(), nremote, 0);
+		if (put != static_cast<ssize_t>(changed * kAtomicBytes)) {
+			int werr = put < 0 ? errno : EFAULT;
+			out[0] = werr == ESRCH ? Result::unreachable() : Result::failed(IBV_WC_REM_ACCESS_ERR);
+			return 1;
+		}
+	}
+	for (size_t i = 0; i < k; ++i) {
+		std::memcpy(items[i].local.iov[0].iov_base, &original[i], kAtomicBytes);
+		out[i] = Result::done(kAtomicBytes);
+	}
+	return k;
+}
+
+size_t shm_execute_batch(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe *const *wqes, size_t n,
+			 Result *out) noexcept
+{
+	Responder r;
+	if (qp->type != IBV_QPT_RC || !responder_find(ctx, xsrc::Qpn(qp->entry->dest_qpn), r) ||
+	    !can_receive(xsrc::qp_state_load(*r.qp)) || r.qp->qp_type != IBV_QPT_RC ||
+	    r.qp->dest_qpn != qp->qpn.value() || xsrc_peer_path_to(ctx, r.owner_pid) != xsrc_peer_path::direct)
+		return 0;
+	uint32_t generation = atomic(r.qp->generation).load(std::memory_order_acquire);
+	// The run the checks let through, of one kind: writes or atomics.
+	bool atomics = remote_access_needed(wqes[0]->opcode) == IBV_ACCESS_REMOTE_ATOMIC;
+	std::array<BatchItem, xsrc_batch_max> items;
+	size_t k = 0;
+	for (; k < n && k < items.size(); ++k) {
+		if ((remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC) != atomics ||
+		    !batch_check(ctx, qp, *wqes[k], r, items[k]))
+			break;
+	}
+	if (k == 0)
+		return 0;
+	size_t done = atomics ? batch_atomics(ctx, r, wqes, k, items.data(), out)
+			      : batch_write(ctx, r, wqes, k, items.data(), out);
+	if (done && remote_error(out[done - 1])) {
+		if (responder_gone(ctx, r, generation))
+			out[done - 1] = Result::unreachable();
+		else
+			out[done - 1] = responder_access_error(ctx, r);
+	}
+	return done;
+}
+
 }  // namespace
 
 // The rendezvous's last step: the responder tells us, the requester, that it
@@ -909,4 +1117,5 @@ void xsrc_tm_deliver_fin(xsrc_context *ctx, xsrc_qp *qp) noexcept
 const xsrc_transport xsrc_shm_transport = {
 	.name = "shm",
 	.execute = shm_execute,
+	.execute_batch = shm_execute_batch,
 };

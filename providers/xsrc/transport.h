@@ -19,6 +19,9 @@ struct xsrc_context;
 struct xsrc_qp;
 struct xsrc_send_wqe;
 
+// The most WQEs one execute_batch() is given.
+constexpr size_t xsrc_batch_max = 32;
+
 // The outcome of one attempt at a WQE.
 enum class xsrc_attempt { done, rnr, unreachable, failed };
 
@@ -49,6 +52,13 @@ struct xsrc_attempt_result {
 struct xsrc_transport {
 	const char *name;
 	xsrc_attempt_result (*execute)(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept;
+	// Optional: attempts at the first k of `n` (<= xsrc_batch_max) WQEs of a run at the head of
+	// the send queue, in order, with fewer system calls than k execute()s,
+	// and as if each had been executed alone. Writes out[0..k) and returns
+	// k; only out[k-1] may be other than done. 0: none was attempted (the
+	// requester calls execute() for the head).
+	size_t (*execute_batch)(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe *const *wqes, size_t n,
+				xsrc_attempt_result *out) noexcept = nullptr;
 };
 
 extern const xsrc_transport xsrc_shm_transport;  // shm_responder.cpp
@@ -69,8 +79,20 @@ const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah, bool d
 // --- requester.cpp: the QP's side, whatever the engine ---------------------
 
 // Posts the WQE built in qp->sq.next() (validated; the caller holds
-// sq_lock): executes it now, or queues it behind blocked work.
+// sq_lock): executes it now, or queues it behind blocked work. An
+// unsignaled RDMA WRITE or atomic of a QP that posts faster than its send
+// CQ is polled is deferred instead, into a batch that runs in one go when
+// a signaled or other WQE follows, when the batch is full, or after
+// kDeferNs at the latest (the progress thread: xsrc_requester_progress_due).
 void xsrc_requester_post(xsrc_qp *qp) noexcept;
+// The progress thread's pass: as xsrc_requester_progress(), but deferred
+// WQEs wait for their deadline, and a QP whose deferred WQEs reached it
+// (the application waited for them without a verbs call: a ping-pong)
+// defers nothing for a while.
+uint64_t xsrc_requester_progress_due(xsrc_qp *qp) noexcept;
+// Executes the deferred WQEs (none blocked) now: before the QP changes state
+// or goes away.
+void xsrc_requester_run_deferred(xsrc_qp *qp) noexcept;
 // Executes the blocked WQEs at the head of qp->sq whose time has come.
 // Returns the time of the next retry (0 when the queue drained).
 uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept;

@@ -242,6 +242,9 @@ struct xsrc_cq {
 	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 	xsrc_td_lock poll_lock;      // the ring has a single consumer
 	xsrc_parent_domain *parent_domain; // IBV_CQ_INIT_ATTR_MASK_PD, else null
+	// Polls so far: a QP that posts twice with no poll between is streaming
+	// (requester.cpp defers its small WQEs into batches).
+	std::atomic<uint64_t> polls{0};
 };
 
 struct xsrc_srq {
@@ -292,6 +295,10 @@ struct xsrc_qp {
 	std::mutex sq_lock;              // post_send, the progress thread
 	xsrc_send_queue sq;              // posted, not yet executed (blocked)
 	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
+	// sq holds deferred WQEs (none blocked): retry_at_ns is 0 then.
+	uint64_t send_cq_polls_seen = UINT64_MAX; // send_cq->polls at the last post
+	uint64_t deferred_at_ns = 0;     // when the oldest deferred WQE was posted
+	uint32_t defer_holdoff = 0;      // posts that may not be deferred (a ping-pong was seen)
 
 	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
 	// max_send_wr + 1 staged WQEs (one more always fails), then a scratch

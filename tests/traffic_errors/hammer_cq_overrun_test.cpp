@@ -96,6 +96,81 @@ TEST_F(Hammer, FetchAddFromTwoProcesses)
 	EXPECT_TRUE(ok);
 }
 
+// As FetchAddOneCounter with most atomics unsignaled (every 8th signaled):
+// the device runs them in batches (one read and one write of the words for
+// many), spread over four words 64 bytes apart, while a second process
+// hammers word 0 one signaled atomic at a time. Every word sums exactly, and
+// word 0's originals, from both processes, are a permutation.
+TEST_F(Hammer, FetchAddBatchesAgainstSingleOps)
+{
+	constexpr int k = 2000, kWords = 4, kEvery = 8;
+	const uint64_t mine_total = uint64_t(kPairs) * kThreads * k;
+	const uint64_t theirs_total = uint64_t(kPairs) * kThreads * (k / 2);
+	Peer other;  // the second requester: one op at a time
+	uint64_t pcq = peer_cq();
+	PeerMr counter = peer_mr(4096, kAllAccess, 0);
+	Buffer *results = me().buffer(mine_total * 8, IBV_ACCESS_LOCAL_WRITE, 0xFF);
+	ASSERT_LE(theirs_total * 8, other.scratch_size);
+	memset(other.scratch, 0xFF, theirs_total * 8);
+	Msg smr = other.call(Msg("scratch_mr").set("access", IBV_ACCESS_LOCAL_WRITE));
+
+	std::vector<ibv_qp *> qps;
+	std::vector<ibv_cq *> cqs;
+	std::string other_qps, other_cqs;
+	PairOpts o;
+	o.caps.max_send_wr = 128;
+	for (int i = 0; i < kPairs; ++i) {
+		cqs.push_back(me().cq(256));
+		qps.push_back(rc_pair(cqs.back(), cqs.back(), pcq, o).qp);
+		Msg ocq = other.call(Msg("cq").set("cqe", 256));
+		Msg oqp = other.call(Msg("qp").set("cq", ocq.u64("id")).set("max_send_wr", 64));
+		Msg pqp = peer().call(Msg("qp").set("cq", pcq));
+		other.call(Msg("connect").set("qp", oqp.u64("id")).set("remote_qpn", pqp.u64("qpn"))
+				   .set("gid", gid_hex(peer().gid)));
+		peer().call(Msg("connect").set("qp", pqp.u64("id")).set("remote_qpn", oqp.u64("qpn"))
+				    .set("gid", gid_hex(other.gid)));
+		other_qps += (i ? "," : "") + oqp.str("id");
+		other_cqs += (i ? "," : "") + ocq.str("id");
+	}
+	other.send(Msg("faa_hammer").set("qps", other_qps).set("cqs", other_cqs).set("threads", kThreads)
+			   .set("k", k / 2).set("raddr", counter.addr).set("rkey", counter.rkey)
+			   .set("result_mr", smr.u64("id")).set("timeout_ms", 60000));
+	HammerResult mine = faa_hammer(qps, cqs, kThreads, k, counter.addr, counter.rkey,
+				       reinterpret_cast<uint64_t *>(results->data), results->lkey(), 60s, 48, kEvery,
+				       kWords);
+	HammerResult theirs = hammer_from_msg(other.reply(70s));
+	// Signaled: every kEvery-th op of a thread (k is a multiple of it).
+	{
+		SCOPED_TRACE("batched process");
+		EXPECT_FALSE(mine.timed_out) << mine.first_problem;
+		EXPECT_EQ(mine.posted, mine_total);
+		EXPECT_EQ(mine.completions, mine_total / kEvery) << "signaled completions lost or duplicated";
+		EXPECT_EQ(mine.errors + mine.wrong_opcode + mine.unknown + mine.duplicates + mine.missing, 0u)
+			<< mine.first_problem;
+	}
+	expect_clean(theirs, theirs_total, "single-op process");
+	const uint64_t per_word = mine_total / kWords;
+	for (int w = 0; w < kWords; ++w) {
+		uint64_t want = per_word + (w == 0 ? theirs_total : 0);
+		EXPECT_EQ(peer().call(Msg("read64").set("mr", counter.id).set("off", 64 * w)).u64("value"), want)
+			<< "word " << w;
+		EXPECT_EQ(peer_bad_bytes(counter, 0, 64 * w + 8, 56), 0u) << "bytes after word " << w;
+	}
+	const uint64_t *r = reinterpret_cast<const uint64_t *>(results->data);
+	for (int w = 0; w < kWords; ++w) {
+		std::vector<uint64_t> orig;
+		for (uint64_t i = 0; i < mine_total; ++i)
+			if (static_cast<int>(i % k) % kWords == w)
+				orig.push_back(r[i]);
+		if (w == 0)
+			orig.insert(orig.end(), other.scratch, other.scratch + theirs_total);
+		EXPECT_TRUE(originals_are_a_permutation(orig)) << "word " << w;
+	}
+	bool ok = false;
+	EXPECT_EQ(other.finish(&ok), "");
+	EXPECT_TRUE(ok);
+}
+
 // N pairs whose peer QPs share one SRQ, 2 sending threads per QP: every
 // message is received exactly once, intact, and every SEND completes once.
 TEST_F(Hammer, SendsIntoOneSrq)

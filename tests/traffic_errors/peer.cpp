@@ -158,7 +158,7 @@ private:
 			return r.set("id", mrs_.size() - 1).set("addr", b->addr()).set("rkey", b->rkey())
 				.set("lkey", b->lkey()).set("len", b->mr->length);
 		}
-		if (cmd == "dereg") {  // a shm_mr's MR, now
+		if (cmd == "dereg") {  // an MR, now (its memory stays)
 			v.dereg(at(mrs_, m.u64("mr"), "mr"));
 			return r;
 		}
@@ -384,7 +384,9 @@ private:
 						    static_cast<int>(m.u64("k")), m.u64("raddr"),
 						    static_cast<uint32_t>(m.u64("rkey")),
 						    reinterpret_cast<uint64_t *>(res->mr_start()), res->lkey(),
-						    ms(m.u64("timeout_ms", 60000)));
+						    ms(m.u64("timeout_ms", 60000)), static_cast<int>(m.u64("window", 16)),
+						    static_cast<int>(m.u64("signal_every", 1)),
+						    static_cast<int>(m.u64("words", 1)));
 			return hammer_to_msg(h);
 		}
 		fail("unknown command '" + cmd + "'");

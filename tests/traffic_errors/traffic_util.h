@@ -244,8 +244,8 @@ public:
 		});
 		b->mr = ibv_reg_mr(on ? on : pd, b->data + mr_off, mr_len, static_cast<int>(access));
 		check(b->mr != nullptr, "ibv_reg_mr");
-		undo_.push_back([mr = b->mr]() { return ibv_dereg_mr(mr) ? std::string("ibv_dereg_mr") : ""; });
 		Buffer *raw = b.get();
+		undo_.push_back([raw]() { return raw->mr && ibv_dereg_mr(raw->mr) ? std::string("ibv_dereg_mr") : ""; });
 		buffers_.push_back(std::move(b));
 		return raw;
 	}
@@ -272,7 +272,7 @@ public:
 		buffers_.push_back(std::move(b));
 		return raw;
 	}
-	// Deregisters a shm_buffer()'s MR now; its memory stays.
+	// Deregisters a buffer()'s or shm_buffer()'s MR now; its memory stays.
 	void dereg(Buffer *b)
 	{
 		check(ibv_dereg_mr(b->mr) == 0, "ibv_dereg_mr");
@@ -565,14 +565,20 @@ struct HammerResult {
 // value of op i landing in results[(q * threads + t) * k + i] (results is in
 // an MR with `lkey`). wr_id = that index. cqs[q] is qps[q]'s send CQ, shared
 // by its threads: whoever polls a completion accounts it to its owner.
+// `signal_every` > 1: only every such op of a thread (and its last) is
+// signaled, and its completion retires the unsignaled ones before it (the
+// device batches those); only signaled ones count as completions. `words` >
+// 1: op i of a thread adds to the word at raddr + (i % words) * word_stride.
 inline HammerResult faa_hammer(const std::vector<ibv_qp *> &qps, const std::vector<ibv_cq *> &cqs,
 			       int threads, int k, uint64_t raddr, uint32_t rkey, uint64_t *results,
-			       uint32_t lkey, ms limit, int window = 16)
+			       uint32_t lkey, ms limit, int window = 16, int signal_every = 1, int words = 1,
+			       uint64_t word_stride = 64)
 {
+	auto signaled = [&](int i) { return (i + 1) % signal_every == 0 || i == k - 1; };
 	const size_t nthreads = qps.size() * static_cast<size_t>(threads);
 	const size_t total = nthreads * static_cast<size_t>(k);
 	std::vector<std::atomic<uint32_t>> seen(total);
-	std::vector<std::atomic<int>> outstanding(nthreads);
+	std::vector<std::atomic<int>> outstanding(nthreads), retired(nthreads);
 	std::atomic<uint64_t> completions{0}, errors{0}, wrong_opcode{0}, unknown{0}, duplicates{0},
 		posted{0};
 	std::atomic<bool> timed_out{false};
@@ -610,7 +616,14 @@ inline HammerResult faa_hammer(const std::vector<ibv_qp *> &qps, const std::vect
 				wrong_opcode++;
 				problem("opcode " + std::to_string(wc[i].opcode));
 			}
-			outstanding[wc[i].wr_id / static_cast<uint64_t>(k)]--;
+			// In order on a QP: this one retires the thread's ops before it.
+			size_t owner = wc[i].wr_id / static_cast<uint64_t>(k);
+			int upto = static_cast<int>(wc[i].wr_id % static_cast<uint64_t>(k)) + 1;
+			int was = retired[owner].load();
+			while (was < upto && !retired[owner].compare_exchange_weak(was, upto)) {
+			}
+			if (was < upto)
+				outstanding[owner] -= upto - was;
 		}
 	};
 
@@ -628,8 +641,9 @@ inline HammerResult faa_hammer(const std::vector<ibv_qp *> &qps, const std::vect
 					while (next < k && outstanding[me].load() < window) {
 						uint64_t idx = me * static_cast<uint64_t>(k) + static_cast<uint64_t>(next);
 						SendWr w(idx, IBV_WR_ATOMIC_FETCH_AND_ADD,
-							 reinterpret_cast<uintptr_t>(&results[idx]), 8, lkey);
-						w.atomic(raddr, rkey, 1);
+							 reinterpret_cast<uintptr_t>(&results[idx]), 8, lkey,
+							 signaled(next) ? IBV_SEND_SIGNALED : 0);
+						w.atomic(raddr + static_cast<uint64_t>(next % words) * word_stride, rkey, 1);
 						outstanding[me]++;
 						if (int rc = w.post(qps[q])) {
 							outstanding[me]--;
@@ -660,7 +674,7 @@ inline HammerResult faa_hammer(const std::vector<ibv_qp *> &qps, const std::vect
 	r.duplicates = duplicates;
 	r.timed_out = timed_out;
 	for (size_t i = 0; i < total; ++i)
-		if (seen[i] == 0)
+		if (seen[i] == 0 && signaled(static_cast<int>(i % static_cast<size_t>(k))))
 			r.missing++;
 	r.first_problem = first_problem;
 	return r;
