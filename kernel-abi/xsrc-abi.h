@@ -39,7 +39,7 @@
  * arena's MR entry (xsrc_mr_entry::mw_type, bound_qpn).
  * Revision 5 added the CQ ring's big payload slots (xsrc-queues.h,
  * XSRC_CQE_DEFERRED_BIG). */
-#define XSRC_DRIVER_ABI_REVISION 5
+#define XSRC_DRIVER_ABI_REVISION 6
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -173,6 +173,14 @@ enum {
 	 * response: EINVAL when the rkey names no window that may be
 	 * invalidated there. */
 	XSRC_CMD_INVALIDATE = 0xf4,
+	/* v6: RC on the wire. The caller's requester gets the RoCE v2
+	 * responses (ACK, NAK, READ response, ATOMIC ACK) that reach this
+	 * host for its RC QPs: the daemon takes `fd`, one end of an AF_UNIX
+	 * SOCK_SEQPACKET pair the caller made, and sends it each such packet
+	 * whose ICRC checked, from its BTH to its pad (no ICRC), without ever
+	 * waiting (a response that does not fit is lost, as on a wire). A
+	 * second registration replaces the first. No response. */
+	XSRC_CMD_WIRE_RESPONSES = 0xf5,
 };
 
 enum xsrc_event_kind {
@@ -274,6 +282,12 @@ struct xsrc_invalidate {
 	__u32 rkey;
 	__u32 peer_qpn;          /* REMOTE: the responder QP, connected to qp_handle's; else 0 */
 	__u32 reserved;          /* 0 */
+};
+
+/* XSRC_CMD_WIRE_RESPONSES (v6) */
+struct xsrc_wire_responses {
+	__u32 comp_mask;         /* 0 */
+	__u32 fd;                /* the caller's end the daemon sends into */
 };
 
 #endif /* XSRC_ABI_H */

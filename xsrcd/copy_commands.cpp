@@ -138,26 +138,17 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	if (pd_id == PdId())
 		return EACCES;
 
-	uint32_t need;
 	if (cmd.key_kind == XSRC_COPY_RKEY) {
-		need = needed_access(cmd.op);
-		// The responder QP must allow the operation too (IBTA class C).
-		if ((peer->attributes().access_flags & need) != need)
+		std::optional<uint64_t> va = remote_key_target(dev, *owner, *peer, pd_id, cmd.key, needed_access(cmd.op),
+							       cmd.peer_addr, cmd.length);
+		if (!va)
 			return EACCES;
-	} else {
-		need = IB_UVERBS_ACCESS_LOCAL_WRITE;
+		t.owner = owner;
+		t.va = *va;
+		return 0;
 	}
-	// An rkey may name a bound window (r4) instead: its range, rights, PD
-	// and (type 2) the QP it was bound on, as the daemon recorded the bind.
-	if (cmd.key_kind == XSRC_COPY_RKEY)
-		if (const Mw *mw = mw_find(dev, *owner, cmd.key)) {
-			if (pd_id_of(*owner, mw->pd_handle) != pd_id || (mw->access & need) != need ||
-			    (mw->type == IBV_MW_TYPE_2 && mw->qpn != peer->qpn()))
-				return EACCES;
-			return resolve_range(owner, mw->addr, mw->iova, mw->length, cmd, t);
-		}
 	const Mr *mr = find_mr(dev, *owner, cmd.key);
-	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || (mr->access & need) != need)
+	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || !(mr->access & IB_UVERBS_ACCESS_LOCAL_WRITE))
 		return EACCES;
 	return resolve_range(owner, mr->addr, mr->iova, mr->length, cmd, t);
 }
@@ -363,6 +354,31 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 }
 
 }  // namespace
+
+std::optional<uint64_t> remote_key_target(Device &dev, Context &owner, const Qp &qp, PdId pd, uint32_t rkey,
+					  uint32_t need, uint64_t addr, uint64_t length)
+{
+	// The responder QP must allow the operation too (IBTA class C).
+	if ((qp.attributes().access_flags & need) != need)
+		return std::nullopt;
+	auto in_range = [&](uint64_t base, uint64_t iova, uint64_t key_length) -> std::optional<uint64_t> {
+		if (addr < iova || length > key_length || addr - iova > key_length - length)
+			return std::nullopt;
+		return base + (addr - iova);
+	};
+	// An rkey may name a bound window (r4) instead: its range, rights, PD
+	// and (type 2) the QP it was bound on, as the daemon recorded the bind.
+	if (const Mw *mw = mw_find(dev, owner, rkey)) {
+		if (pd_id_of(owner, mw->pd_handle) != pd || (mw->access & need) != need ||
+		    (mw->type == IBV_MW_TYPE_2 && mw->qpn != qp.qpn()))
+			return std::nullopt;
+		return in_range(mw->addr, mw->iova, mw->length);
+	}
+	const Mr *mr = find_mr(dev, owner, rkey);
+	if (!mr || pd_id_of(owner, mr->pd_handle) != pd || (mr->access & need) != need)
+		return std::nullopt;
+	return in_range(mr->addr, mr->iova, mr->length);
+}
 
 int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 {

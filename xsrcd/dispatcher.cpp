@@ -105,6 +105,8 @@ const CommandTable &write_commands()
 		t[XSRC_CMD_BIND_MW] = spec<xsrc_bind_mw>("XSRC_BIND_MW", cmd_bind_mw, false);
 		t[XSRC_CMD_INVALIDATE] =
 			spec<xsrc_invalidate>("XSRC_INVALIDATE", cmd_invalidate, false);
+		t[XSRC_CMD_WIRE_RESPONSES] =
+			spec<xsrc_wire_responses>("XSRC_WIRE_RESPONSES", cmd_wire_responses, false);
 		return t;
 	}();
 	return table;
@@ -145,6 +147,8 @@ uint32_t command_revision(uint32_t num)
 	case XSRC_CMD_BIND_MW:
 	case XSRC_CMD_INVALIDATE:
 		return 4;
+	case XSRC_CMD_WIRE_RESPONSES:
+		return 6;
 	default:
 		return 1;
 	}
