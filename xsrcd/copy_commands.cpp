@@ -321,29 +321,40 @@ private:
 	bool held_ = false;
 };
 
+}  // namespace
+
+int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint64_t compare_add, uint64_t swap,
+		  uint64_t &original)
+{
+	ArenaAtomicLock lock(*dev.arena, owner.owner, va);
+	if (!lock.held())
+		return EAGAIN;
+	if (peer_memory(owner, va, std::as_writable_bytes(std::span(&original, 1)), false))
+		return static_cast<int>(peer_status(owner));
+	uint64_t value = original;
+	if (fetch_add)
+		value = original + compare_add;
+	else if (original == compare_add)
+		value = swap;
+	if (value != original && peer_memory(owner, va, std::as_writable_bytes(std::span(&value, 1)), true))
+		return static_cast<int>(peer_status(owner));
+	return 0;
+}
+
+namespace {
+
 // FETCH_ADD / CMP_SWAP. Returns EAGAIN when the lock stayed busy.
 int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov,
 	      const Target &t, xsrc_copy_resp &resp)
 {
-	uint64_t original;
-	{
-		ArenaAtomicLock lock(*ctx.device->arena, t.owner->owner, t.va);
-		if (!lock.held())
-			return refuse(EAGAIN, "the arena's atomic lock is held too long");
-		if (peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&original, 1)), false)) {
-			resp.status = peer_status(*t.owner);
-			return 0;
-		}
-		uint64_t value = original;
-		if (cmd.op == XSRC_COPY_FETCH_ADD)
-			value = original + cmd.compare_add;
-		else if (original == cmd.compare_add)
-			value = cmd.swap;
-		if (value != original &&
-		    peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&value, 1)), true)) {
-			resp.status = peer_status(*t.owner);
-			return 0;
-		}
+	uint64_t original = 0;
+	int err = device_atomic(*ctx.device, *t.owner, t.va, cmd.op == XSRC_COPY_FETCH_ADD, cmd.compare_add, cmd.swap,
+				original);
+	if (err == EAGAIN)
+		return refuse(EAGAIN, "the arena's atomic lock is held too long");
+	if (err) {
+		resp.status = static_cast<uint32_t>(err);
+		return 0;
 	}
 	if (caller_pieces(caller, iov, reinterpret_cast<std::byte *>(&original), true)) {
 		resp.status = EFAULT;  // the remote side is done: as a lost response

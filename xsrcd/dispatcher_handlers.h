@@ -53,6 +53,12 @@ const Mw *mw_find(Device &dev, Context &owner, uint32_t rkey);
 // the wire's responder (wire_deliver.cpp) both check with it.
 std::optional<uint64_t> remote_key_target(Device &dev, Context &owner, const Qp &qp, PdId pd, uint32_t rkey,
 					  uint32_t need, uint64_t addr, uint64_t length);
+// copy_commands.cpp: FETCH_ADD (`fetch_add`) or CMP_SWAP on the 8 bytes at
+// `va` of `owner`, under the device-wide atomics lock the providers take
+// too (IBV_ATOMIC_HCA). 0 with `original`, EAGAIN (the lock stayed busy),
+// ESRCH (the owner is gone) or EACCES (its memory is not there).
+int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint64_t compare_add, uint64_t swap,
+		  uint64_t &original);
 
 // cq_commands.cpp
 int cmd_create_cq(Context &ctx, Caller &caller, const Request &req);

@@ -189,6 +189,23 @@ struct WireResponderState {
 	uint64_t write_va = 0;
 	uint64_t write_left = 0;
 	uint64_t write_length = 0;
+	// READ and atomic requests executed, newest last: a duplicate is
+	// answered from here (a READ's checked range is read again, an
+	// atomic's original value resent), never executed again.
+	struct Replay {
+		bool used = false;
+		bool atomic = false;
+		uint32_t psn = 0;
+		uint32_t packets = 0;   // PSNs the request consumed
+		uint64_t va = 0;        // READ: the checked address in the owner
+		uint64_t length = 0;
+		uint64_t original = 0;  // atomic: the value before
+	};
+	std::array<Replay, 16> replay{};
+	size_t replay_next = 0;
+	// What the last in-order request consumed and whether it answered itself.
+	uint32_t consumed = 1;
+	bool answered = false;
 };
 
 // A QP handle. The links are absent where the QP type has no such object:

@@ -541,14 +541,180 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 	return Step::ok;
 }
 
+// The path MTU of a QP, as its requester cuts READ responses: the QP's
+// path_mtu, no more than the port's (the largest IB MTU that fits the
+// netdev's MTU with the RoCE headers).
+uint32_t qp_mtu(const Device &dev, const Qp &qp)
+{
+	uint32_t port = 4096;
+	while (port > 256 && port + 80 > dev.netdev.mtu)
+		port /= 2;
+	uint8_t path = qp.attributes().path_mtu;
+	uint32_t mtu = path >= 1 && path <= 5 ? 128u << path : 1024u;
+	return std::min(mtu, port);
+}
+
+uint32_t read_packets(uint64_t length, uint32_t mtu)
+{
+	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
+}
+
+// READ responses `from` .. the last of a saved READ.
+void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp &qp, const WireResponderState &st,
+			 const WireResponderState::Replay &r, uint32_t from)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	if (!s)
+		return;
+	uint32_t mtu = qp_mtu(dev, qp);
+	std::array<uint8_t, 4096> data;
+	for (uint32_t k = from; k < r.packets; ++k) {
+		uint64_t offset = uint64_t(k) * mtu;
+		size_t len = static_cast<size_t>(std::min<uint64_t>(mtu, r.length - std::min(r.length, offset)));
+		uint8_t code = r.packets == 1	    ? op::kReadResponseOnly
+			       : k == 0		    ? op::kReadResponseFirst
+			       : k + 1 == r.packets ? op::kReadResponseLast
+						    : op::kReadResponseMiddle;
+		std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
+		w::Bth bth;
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | code;
+		bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+		bth.psn = (r.psn + k) & w::kPsnMask;
+		bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+		w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+		size_t n = w::kBthBytes;
+		if (code != op::kReadResponseMiddle) {
+			w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
+				  std::span<uint8_t, w::kAethBytes>(hdr.data() + n, w::kAethBytes));
+			n += w::kAethBytes;
+		}
+		iovec local{data.data(), len}, remote{reinterpret_cast<void *>(r.va + offset), len};
+		if (len && process_vm_readv(owner.owner, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len))
+			return;  // the memory went away: the requester times out
+		(void)w::send_packet(*s, pk.sgid, {hdr.data(), n}, &local, len ? 1 : 0, len);
+	}
+}
+
+void send_atomic_ack(Device &dev, const Packet &pk, const Qp &qp, const WireResponderState &st,
+		     const WireResponderState::Replay &r)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	if (!s)
+		return;
+	std::array<uint8_t, w::kBthBytes + w::kAethBytes + w::kAtomicAckEthBytes> hdr{};
+	w::Bth bth;
+	bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kAtomicAcknowledge;
+	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+	bth.psn = r.psn & w::kPsnMask;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
+		  std::span<uint8_t, w::kAethBytes>(hdr.data() + w::kBthBytes, w::kAethBytes));
+	w::encode(w::AtomicAckEth{r.original}, std::span<uint8_t, w::kAtomicAckEthBytes>(
+						    hdr.data() + w::kBthBytes + w::kAethBytes, w::kAtomicAckEthBytes));
+	(void)w::send_packet(*s, pk.sgid, hdr, nullptr, 0, 0);
+}
+
+WireResponderState::Replay &remember(WireResponderState &st)
+{
+	WireResponderState::Replay &r = st.replay[st.replay_next++ % st.replay.size()];
+	r = {};
+	r.used = true;
+	return r;
+}
+
+// An RDMA READ request, in order: checked, remembered, answered.
+Step respond_read(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	w::Reth reth = w::decode_reth(ext_bytes<w::kRethBytes>(pk, w::kExtReth));
+	uint64_t va = 0;
+	if (reth.dma_length) {
+		std::optional<uint64_t> target = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), reth.rkey,
+								   IB_UVERBS_ACCESS_REMOTE_READ, reth.va, reth.dma_length);
+		if (!target)
+			return Step::nak_access;
+		va = *target;
+	}
+	WireResponderState::Replay &r = remember(st);
+	r.psn = pk.bth.psn;
+	r.va = va;
+	r.length = reth.dma_length;
+	r.packets = read_packets(reth.dma_length, qp_mtu(dev, qp));
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	st.consumed = r.packets;
+	st.answered = true;
+	send_read_responses(dev, pk, owner, qp, st, r, 0);
+	return Step::ok;
+}
+
+// A CmpSwap or FetchAdd, in order: executed once, its original remembered.
+Step respond_atomic(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	w::AtomicEth a = w::decode_atomic_eth(ext_bytes<w::kAtomicEthBytes>(pk, w::kExtAtomicEth));
+	if (a.va % 8)
+		return Step::nak_invalid;
+	std::optional<uint64_t> va = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), a.rkey,
+						       IB_UVERBS_ACCESS_REMOTE_ATOMIC, a.va, 8);
+	if (!va)
+		return Step::nak_access;
+	uint64_t original = 0;
+	bool fetch_add = (pk.bth.opcode & 0x1F) == op::kFetchAdd;
+	int err = device_atomic(dev, owner, *va, fetch_add, fetch_add ? a.swap_add : a.compare, a.swap_add, original);
+	if (err == EAGAIN)
+		return Step::rnr;  // the lock stayed busy: the requester tries again
+	if (err)
+		return Step::nak_access;
+	WireResponderState::Replay &r = remember(st);
+	r.atomic = true;
+	r.psn = pk.bth.psn;
+	r.packets = 1;
+	r.original = original;
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	st.answered = true;
+	send_atomic_ack(dev, pk, qp, st, r);
+	return Step::ok;
+}
+
 Step respond_packet(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
 	uint8_t o = pk.bth.opcode & 0x1F;
+	st.consumed = 1;
+	st.answered = false;
 	if (o <= op::kSendOnlyImm)
 		return respond_send(dev, owner, qp, st, pk);
 	if (o <= op::kWriteOnlyImm)
 		return respond_write(dev, owner, qp, st, pk);
-	return Step::nak_invalid;  // READ and atomics are not served on the wire yet
+	if (static_cast<w::Transport>(pk.bth.opcode & 0xE0) != w::Transport::rc)
+		return Step::nak_invalid;
+	if (o == op::kReadRequest)
+		return respond_read(dev, owner, qp, st, pk);
+	if (o == op::kCmpSwap || o == op::kFetchAdd)
+		return respond_atomic(dev, owner, qp, st, pk);
+	return Step::nak_invalid;
+}
+
+// A duplicate READ or atomic: answered again from what was remembered.
+// False when nothing was (it fell out of the table): the requester's retry
+// then times out, as it would against an HCA past max_dest_rd_atomic.
+bool replay_duplicate(Device &dev, Context &owner, const Qp &qp, const WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	for (const WireResponderState::Replay &r : st.replay) {
+		if (!r.used || psn_diff(pk.bth.psn, r.psn) >= r.packets)
+			continue;
+		if (r.atomic && (o == op::kCmpSwap || o == op::kFetchAdd)) {
+			send_atomic_ack(dev, pk, qp, st, r);
+			return true;
+		}
+		if (!r.atomic && o == op::kReadRequest) {
+			send_read_responses(dev, pk, owner, qp, st, r, psn_diff(pk.bth.psn, r.psn));
+			return true;
+		}
+	}
+	return false;
 }
 
 uint8_t nak_syndrome(Step s)
@@ -568,6 +734,11 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 	uint32_t d = psn_diff(pk.bth.psn, st.epsn);
 	if (d != 0) {
 		if (d >= kPsnHalf) {
+			uint8_t o = pk.bth.opcode & 0x1F;
+			if (o == op::kReadRequest || o == op::kCmpSwap || o == op::kFetchAdd) {
+				replay_duplicate(dev, owner, qp, st, pk);
+				return WireOutcome::delivered;
+			}
 			// A duplicate (the requester resent after a lost ACK): what it
 			// asked was done; say so again, with where we are.
 			if (pk.bth.ack_req)
@@ -585,8 +756,8 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 	Step s = respond_packet(dev, owner, qp, st, pk);
 	switch (s) {
 	case Step::ok:
-		st.epsn = (st.epsn + 1) & w::kPsnMask;
-		if (pk.bth.ack_req)
+		st.epsn = (st.epsn + st.consumed) & w::kPsnMask;
+		if (pk.bth.ack_req && !st.answered)
 			send_aeth(dev, pk, qp, w::aeth::kAck, pk.bth.psn, st.msn);
 		return WireOutcome::delivered;
 	case Step::rnr:

@@ -75,8 +75,10 @@ struct xsrc_wire_msg {
 	uint64_t remote_addr = 0;
 	uint32_t rkey = 0;
 	uint64_t length = 0;
+	uint64_t compare = 0, swap = 0;  // atomics (swap: the add value of a FetchAdd)
 	uint32_t first_psn = 0;
-	uint32_t packets = 0;
+	uint32_t packets = 0;            // PSNs it takes (a READ: its responses)
+	uint32_t received = 0;           // READ responses / ATOMIC ACK taken in
 	size_t count = 0;        // iovecs at iov
 	iovec *iov = nullptr;    // the local buffers (storage of the ring)
 	unsigned char *inline_copy = nullptr;
@@ -169,6 +171,17 @@ bool wqe_is_write(ibv_wr_opcode o)
 	return o == IBV_WR_RDMA_WRITE || o == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
+bool wqe_is_atomic(ibv_wr_opcode o)
+{
+	return o == IBV_WR_ATOMIC_CMP_AND_SWP || o == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// Requests the responder answers with data: READ responses, ATOMIC ACK.
+bool wqe_wants_data(ibv_wr_opcode o)
+{
+	return o == IBV_WR_RDMA_READ || wqe_is_atomic(o);
+}
+
 uint32_t packets_of(uint64_t length, uint32_t mtu)
 {
 	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
@@ -190,6 +203,32 @@ uint8_t packet_opcode(bool reliable, ibv_wr_opcode o, uint32_t k, uint32_t packe
 		       : last        ? (imm ? op::kSendLastImm : op::kSendLast)
 				     : op::kSendMiddle;
 	return static_cast<uint8_t>((reliable ? w::Transport::rc : w::Transport::uc)) | code;
+}
+
+// A READ request for the responses from `k` on, or an atomic request.
+void send_request(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+{
+	std::array<uint8_t, w::kBthBytes + w::kAtomicEthBytes> hdr{};
+	w::Bth bth;
+	bth.dest_qpn = wq.dest_qpn;
+	bth.ack_req = true;
+	bth.psn = psn;
+	size_t n = w::kBthBytes;
+	if (m.opcode == IBV_WR_RDMA_READ) {
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kReadRequest;
+		uint64_t offset = std::min<uint64_t>(uint64_t(k) * wq.mtu, m.length);
+		w::encode(w::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(m.length - offset)},
+			  std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
+		n += w::kRethBytes;
+	} else {
+		bool cmp = m.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | (cmp ? op::kCmpSwap : op::kFetchAdd);
+		w::encode(w::AtomicEth{m.remote_addr, m.rkey, cmp ? m.swap : m.compare, cmp ? m.compare : 0},
+			  std::span<uint8_t, w::kAtomicEthBytes>(hdr.data() + n, w::kAtomicEthBytes));
+		n += w::kAtomicEthBytes;
+	}
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, nullptr, 0, 0);
 }
 
 // Sends packet `k` of message `m` with PSN `psn`.
@@ -238,6 +277,15 @@ void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 	       wq.send_index < wq.size) {
 		xsrc_wire_msg &m = wq.msg(wq.send_index);
 		uint32_t k = psn_diff(wq.send_psn, m.first_psn);
+		if (wqe_wants_data(m.opcode)) {
+			// One request covers the responses still missing.
+			send_request(wq, m, k, wq.send_psn);
+			wq.send_psn = psn_add(m.first_psn, m.packets);
+			++wq.send_index;
+			if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
+				wq.sent_high = wq.send_psn;
+			continue;
+		}
 		send_one(wq, m, k, wq.send_psn);
 		wq.send_psn = psn_add(wq.send_psn, 1);
 		if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
@@ -270,6 +318,18 @@ void complete_msg(xsrc_context *ctx, xsrc_qp *qp, const xsrc_wire_msg &m, ibv_wc
 				      status == IBV_WC_SUCCESS ? static_cast<uint32_t>(m.length) : 0);
 }
 
+// Progress: the ACK timer starts over (nothing in flight: off), the retry
+// count too. Whoever changed the state sends more or returns; the timer
+// stays armed either way, so a QP with messages in flight is never left
+// without one.
+void rearm(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq)
+{
+	wq.retries_left = -1;
+	wq.deadline_ns = wq.size ? xsrc_requester_now_ns() + ack_timeout_ns(qp) : 0;
+	if (wq.deadline_ns)
+		ctx->wire_engine->poke(wq.deadline_ns);
+}
+
 // Every message whose last PSN is at or before `psn` is done.
 void ack_through(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn)
 {
@@ -284,6 +344,14 @@ void ack_through(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn)
 		uint32_t last = psn_add(m.first_psn, m.packets - 1);
 		if (psn_diff(psn, last) >= kPsnHalf)
 			break;
+		if (wqe_wants_data(m.opcode)) {
+			// The responder went past a READ or atomic whose answer we did
+			// not get (lost): ask again from the first missing response.
+			wq.una_psn = psn_add(m.first_psn, m.received);
+			rewind(wq);
+			rearm(ctx, qp, wq);
+			return;
+		}
 		complete_msg(ctx, qp, m, IBV_WC_SUCCESS);
 		pop_msg(ctx, wq);
 		if (wq.send_index)
@@ -291,11 +359,18 @@ void ack_through(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn)
 		progressed = true;
 	}
 	wq.una_psn = psn_add(psn, 1);
+	// Never past the first response a READ or atomic still waits for: the
+	// responses after a lost one are not acknowledgements of it.
+	if (wq.size && wqe_wants_data(wq.msg(0).opcode)) {
+		const xsrc_wire_msg &m = wq.msg(0);
+		uint32_t missing = psn_add(m.first_psn, m.received);
+		if (psn_diff(wq.una_psn, m.first_psn) > m.received)
+			wq.una_psn = missing;
+	}
 	if (psn_diff(wq.send_psn, wq.una_psn) >= kPsnHalf)
 		rewind(wq);
 	// Progress: the timer starts over, and so do the retry counts.
-	wq.deadline_ns = 0;
-	wq.retries_left = -1;
+	rearm(ctx, qp, wq);
 	if (progressed)
 		wq.rnr_retries_left = -1;
 }
@@ -362,6 +437,75 @@ void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth 
 	default:
 		return;  // reserved
 	}
+	pump(qp, wq, now);
+}
+
+// Bytes of a response after its headers, before its pad.
+std::span<const uint8_t> response_payload(const uint8_t *bytes, size_t len, const w::Bth &bth)
+{
+	size_t headers = w::header_bytes(bth.opcode);
+	if (!headers || len < headers + bth.pad)
+		return {};
+	return {bytes + headers, len - headers - bth.pad};
+}
+
+// Copies `data` into the message's local buffers at `offset`.
+void place(const xsrc_wire_msg &m, uint64_t offset, std::span<const uint8_t> data)
+{
+	std::array<iovec, XSRC_MAX_RECV_SGE> out;
+	size_t n = xsrc_peer_iov_slice(m.iov, m.count, offset, data.size(), out.data());
+	size_t at = 0;
+	for (size_t i = 0; i < n; ++i) {
+		std::memcpy(out[i].iov_base, data.data() + at, out[i].iov_len);
+		at += out[i].iov_len;
+	}
+}
+
+// A READ response or ATOMIC ACK (under sq_lock): the data lands in the
+// head message's buffers, in PSN order; anything else is dropped.
+void on_data_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth &bth,
+		      std::span<const uint8_t> bytes, uint64_t now)
+{
+	if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR || !wq.size)
+		return;
+	// Responses imply the ACK of every earlier request.
+	ack_through(ctx, qp, wq, psn_add(bth.psn, w::kPsnMask));
+	if (!wq.size || bth.psn != wq.una_psn)
+		return;  // a duplicate or out of order: the timer asks again
+	xsrc_wire_msg &m = wq.msg(0);
+	uint32_t k = psn_diff(bth.psn, m.first_psn);
+	uint8_t o = bth.opcode & 0x1F;
+	bool is_read = o >= op::kReadResponseFirst && o <= op::kReadResponseOnly;
+	if (!wqe_wants_data(m.opcode) || k >= m.packets || is_read != (m.opcode == IBV_WR_RDMA_READ) ||
+	    k != m.received)
+		return;
+	std::span<const uint8_t> payload = response_payload(bytes.data(), bytes.size(), bth);
+	if (is_read) {
+		uint64_t offset = uint64_t(k) * wq.mtu;
+		if (offset > m.length || payload.size() > m.length - offset)
+			return;
+		place(m, offset, payload);
+	} else {
+		size_t at = w::kBthBytes + w::kAethBytes;
+		if (bytes.size() < at + w::kAtomicAckEthBytes)
+			return;
+		uint64_t original =
+			w::decode_atomic_ack_eth(std::span<const uint8_t, w::kAtomicAckEthBytes>(bytes.data() + at,
+											   w::kAtomicAckEthBytes))
+				.original;
+		place(m, 0, {reinterpret_cast<const uint8_t *>(&original), sizeof(original)});
+	}
+	++m.received;
+	wq.una_psn = psn_add(bth.psn, 1);
+	rearm(ctx, qp, wq);
+	if (m.received == m.packets) {
+		complete_msg(ctx, qp, m, IBV_WC_SUCCESS);
+		pop_msg(ctx, wq);
+		if (wq.send_index)
+			--wq.send_index;
+	}
+	if (psn_diff(wq.send_psn, wq.una_psn) >= kPsnHalf)
+		rewind(wq);
 	pump(qp, wq, now);
 }
 
@@ -533,15 +677,21 @@ void WireEngine::handle(const uint8_t *bytes, size_t len) noexcept
 	if (len < w::kBthBytes + w::kAethBytes)
 		return;
 	w::Bth bth = w::decode_bth(std::span<const uint8_t, w::kBthBytes>(bytes, w::kBthBytes));
-	if ((bth.opcode & 0x1F) != op::kAcknowledge)
-		return;  // READ responses and atomic ACKs: not requested on the wire yet
+	uint8_t o = bth.opcode & 0x1F;
+	if (o < op::kReadResponseFirst || o > op::kAtomicAcknowledge)
+		return;
 	w::Aeth aeth = w::decode_aeth(std::span<const uint8_t, w::kAethBytes>(bytes + w::kBthBytes, w::kAethBytes));
 	std::lock_guard guard(lock_);
 	for (xsrc_qp *qp : qps_) {
 		if (qp->qpn.value() != bth.dest_qpn || !qp->wire)
 			continue;
 		std::lock_guard sq(qp->sq_lock);
-		on_response(ctx_, qp, *qp->wire, bth, aeth, xsrc_requester_now_ns());
+		// A READ response with a NAK syndrome is a NAK (IBTA 9.7.5.2).
+		bool nak = o != op::kReadResponseMiddle && (aeth.syndrome >> 5) != 0;
+		if (o == op::kAcknowledge || nak)
+			on_response(ctx_, qp, *qp->wire, bth, aeth, xsrc_requester_now_ns());
+		else
+			on_data_response(ctx_, qp, *qp->wire, bth, {bytes, len}, xsrc_requester_now_ns());
 		return;
 	}
 }
@@ -698,15 +848,22 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		break;
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		if (wq.reliable)
+			break;
+		[[fallthrough]];
 	default:
 		verbs_err(&ctx->ibv_ctx, "post_send: QP %u: opcode %d does not cross hosts yet\n", qp->qpn.value(),
 			  wqe.opcode);
 		return Result::failed(IBV_WC_LOC_QP_OP_ERR);
 	}
 	xsrc_local_buffers local;
-	if (!xsrc_peer_local_buffers(ctx, qp, wqe, false, local))
+	// READ and atomics write into the local buffers.
+	if (!xsrc_peer_local_buffers(ctx, qp, wqe, wqe_wants_data(wqe.opcode), local))
 		return Result::failed(IBV_WC_LOC_PROT_ERR);
-	if (local.total > UINT32_MAX)
+	if (local.total > UINT32_MAX || (wqe_is_atomic(wqe.opcode) && local.total != 8))
 		return Result::failed(IBV_WC_LOC_LEN_ERR);
 
 	xsrc_wire_msg m;
@@ -718,7 +875,9 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 	m.remote_addr = wqe.remote_addr;
 	m.rkey = wqe.rkey.value();
 	m.length = local.total;
-	m.packets = packets_of(local.total, wq.mtu);
+	m.compare = wqe.compare_add;
+	m.swap = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? wqe.compare_add : wqe.swap;
+	m.packets = wqe_is_atomic(wqe.opcode) ? 1 : packets_of(local.total, wq.mtu);
 	m.first_psn = wq.next_psn;
 
 	if (!wq.reliable) {

@@ -2,13 +2,15 @@
 // RC across two hosts on the wire, what the pingpongs do not exercise: RDMA
 // WRITE and WRITE with immediate from 1 byte to 1 MiB (FIRST/MIDDLE/LAST at
 // the path MTU, the data checked on the responder), SEND with immediate,
+// RDMA READ (checked at the requester), FetchAdd and CmpSwap (originals and
+// the final value exact),
 // and the errors: an rkey the responder does not know (IBV_WC_REM_ACCESS_ERR,
 // both QPs in ERR, the next request flushed), a write past the MR's end, an
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
 // late receive ends. The two sides talk over TCP; each scenario gets a fresh
 // QP pair.
-//   rc_wire_verbs server PORT GID_INDEX
-//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX
+//   rc_wire_verbs server PORT GID_INDEX [data]
+//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data]
 // Exit status 0 when every check passed; each failure is printed.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -128,6 +130,8 @@ int connect_to(const char *host, const char *port)
 // --- verbs --------------------------------------------------------------------
 
 constexpr size_t kBuf = (1u << 20) + 4096;
+// The atomics' counter: past the largest transfer.
+constexpr size_t kCounterOffset = (1u << 20) + 64;
 
 // What each side tells the other about a fresh QP.
 struct Endpoint {
@@ -164,7 +168,8 @@ void open_side(Side &s, uint8_t gid_index)
 	s.pd = ibv_alloc_pd(s.ctx);
 	s.cq = ibv_create_cq(s.ctx, 256, nullptr, nullptr, 0);
 	s.mr = ibv_reg_mr(s.pd, s.buf.data(), s.buf.size(),
-			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				  IBV_ACCESS_REMOTE_ATOMIC);
 	if (!s.pd || !s.cq || !s.mr) {
 		std::printf("FAIL: PD/CQ/MR\n");
 		std::exit(1);
@@ -231,6 +236,23 @@ int post_recv(Side &s, uint64_t wr_id)
 	return ibv_post_recv(s.qp, &wr, &bad);
 }
 
+int post_atomic(Side &s, ibv_wr_opcode opcode, uint64_t remote_addr, uint32_t rkey, uint64_t compare_add,
+		uint64_t swap, uint64_t wr_id)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), 8, s.mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = opcode;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.wr.atomic.remote_addr = remote_addr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = compare_add;
+	wr.wr.atomic.swap = swap;
+	return ibv_post_send(s.qp, &wr, &bad);
+}
+
 int post_send(Side &s, ibv_wr_opcode opcode, size_t len, uint64_t remote_addr, uint32_t rkey, uint32_t imm,
 	      uint64_t wr_id)
 {
@@ -267,7 +289,7 @@ std::string status_text(const ibv_wc &wc)
 const std::vector<uint32_t> kSizes = {1, 3, 1023, 1024, 1025, 4096, 65536 + 7, 1u << 20};
 
 // Messages of the control channel after the connection.
-enum Step : uint32_t { kCheckWrite = 1, kCheckImm, kCheckSend, kDone };
+enum Step : uint32_t { kCheckWrite = 1, kCheckImm, kCheckSend, kFill, kCheckCounter, kDone };
 
 struct Order {
 	uint32_t step;
@@ -310,6 +332,55 @@ void client_writes(Side &s, int fd)
 		check(recv_msg<uint32_t>(fd) == 1, "SEND with immediate " + std::to_string(size) + ": responder saw wrong data");
 		std::printf("ok: RDMA WRITE, WRITE with immediate, SEND with immediate of %u bytes\n", size);
 	}
+	send_msg(fd, Order{kDone, 0, 0});
+}
+
+// RDMA READ from 1 byte to 1 MiB (the responder fills its buffer first),
+// then atomics: FetchAdds whose originals count up, CmpSwaps that do and do
+// not swap, and the responder's counter at the end.
+void client_reads_and_atomics(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);
+	uint32_t seed = 100;
+	for (uint32_t size : kSizes) {
+		send_msg(fd, Order{kFill, size, ++seed});
+		(void)recv_msg<uint32_t>(fd);
+		std::memset(s.buf.data(), 0, size);
+		check(post_send(s, IBV_WR_RDMA_READ, size, peer.addr, peer.rkey, 0, 4) == 0, "post RDMA READ");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.byte_len == size,
+		      "RDMA READ " + std::to_string(size) + ": " + status_text(wc));
+		check(matches(s.buf.data(), size, seed), "RDMA READ " + std::to_string(size) + ": wrong data");
+		std::printf("ok: RDMA READ of %u bytes\n", size);
+	}
+	send_msg(fd, Order{kFill, 8, 0});  // the counter starts at 0
+	(void)recv_msg<uint32_t>(fd);
+	uint64_t counter = peer.addr + kCounterOffset;
+	constexpr int kAdds = 200;
+	bool originals_ok = true;
+	for (int i = 0; i < kAdds; ++i) {
+		check(post_atomic(s, IBV_WR_ATOMIC_FETCH_AND_ADD, counter, peer.rkey, 3, 0, 5) == 0, "post FetchAdd");
+		ibv_wc wc = one(s);
+		uint64_t original;
+		std::memcpy(&original, s.buf.data(), 8);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD, "FetchAdd: " + status_text(wc));
+		originals_ok = originals_ok && original == uint64_t(3 * i);
+	}
+	check(originals_ok, "FetchAdd originals do not count up by 3");
+	auto cmp_swap = [&](uint64_t compare, uint64_t swap) {
+		check(post_atomic(s, IBV_WR_ATOMIC_CMP_AND_SWP, counter, peer.rkey, compare, swap, 6) == 0, "post CmpSwap");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP, "CmpSwap: " + status_text(wc));
+		uint64_t original;
+		std::memcpy(&original, s.buf.data(), 8);
+		return original;
+	};
+	check(cmp_swap(3 * kAdds, 42) == 3 * kAdds, "CmpSwap that swaps: wrong original");
+	check(cmp_swap(1, 7) == 42, "CmpSwap that does not swap: wrong original");
+	send_msg(fd, Order{kCheckCounter, 0, 42});
+	check(recv_msg<uint32_t>(fd) == 1, "the responder's counter is not 42");
+	std::printf("ok: %d FetchAdds, 2 CmpSwaps, the counter exact\n", kAdds);
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
@@ -369,6 +440,18 @@ void server_writes(Side &s, int fd)
 			send_msg(fd, uint32_t(matches(s.buf.data(), o.size, o.seed)));
 			continue;
 		}
+		if (o.step == kFill) {
+			fill(s.buf.data(), o.size, o.seed);
+			std::memset(s.buf.data() + kCounterOffset, 0, 8);
+			send_msg(fd, uint32_t(1));
+			continue;
+		}
+		if (o.step == kCheckCounter) {
+			uint64_t v;
+			std::memcpy(&v, s.buf.data() + kCounterOffset, 8);
+			send_msg(fd, uint32_t(v == o.seed));
+			continue;
+		}
 		std::memset(s.buf.data(), 0, o.size);
 		check(post_recv(s, o.step) == 0, "post_recv");
 		send_msg(fd, uint32_t(1));
@@ -415,10 +498,16 @@ void server_rnr(Side &s, int fd, bool late_receive)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, nullptr, _IOLBF, 0);
+	// "data": only the transfers (on a lossy link a lost NAK turns an
+	// error's completion into a retry timeout, so the error cases need a
+	// clean one).
+	bool data_only = std::strcmp(argv[argc - 1], "data") == 0;
+	if (data_only)
+		--argc;
 	bool server = argc == 4 && std::strcmp(argv[1], "server") == 0;
 	bool client = argc == 5 && std::strcmp(argv[1], "client") == 0;
 	if (!server && !client) {
-		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX | client ADDRESS PORT GID_INDEX\n");
+		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data] | client ADDRESS PORT GID_INDEX [data]\n");
 		return 2;
 	}
 	int fd = server ? listen_once(argv[2]) : connect_to(argv[2], argv[3]);
@@ -430,16 +519,22 @@ int main(int argc, char **argv)
 	open_side(s, static_cast<uint8_t>(std::atoi(argv[server ? 3 : 4])));
 	if (client) {
 		client_writes(s, fd);
-		client_access_error(s, fd, 1, 0, "unknown rkey");
-		client_access_error(s, fd, 0, 1, "write past the MR");
-		client_rnr(s, fd, 2, false);
-		client_rnr(s, fd, 7, true);
+		client_reads_and_atomics(s, fd);
+		if (!data_only) {
+			client_access_error(s, fd, 1, 0, "unknown rkey");
+			client_access_error(s, fd, 0, 1, "write past the MR");
+			client_rnr(s, fd, 2, false);
+			client_rnr(s, fd, 7, true);
+		}
 	} else {
 		server_writes(s, fd);
-		server_access_error(s, fd);
-		server_access_error(s, fd);
-		server_rnr(s, fd, false);
-		server_rnr(s, fd, true);
+		server_writes(s, fd);  // the same loop serves the reads and atomics
+		if (!data_only) {
+			server_access_error(s, fd);
+			server_access_error(s, fd);
+			server_rnr(s, fd, false);
+			server_rnr(s, fd, true);
+		}
 	}
 	ibv_destroy_qp(s.qp);
 	ibv_dereg_mr(s.mr);
