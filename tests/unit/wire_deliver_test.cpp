@@ -323,10 +323,15 @@ protected:
 		WireDeliverTest::SetUp();
 		ASSERT_EQ(create_qp(qp_spec(IBV_QPT_RC), rc), 0);
 		ib_uverbs_reg_mr_resp mr_resp{};
-		ASSERT_EQ(reg_mr(pd0, target, sizeof(target), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, mr_resp), 0);
+		ASSERT_EQ(reg_mr(pd0, target, sizeof(target),
+				 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					 IBV_ACCESS_REMOTE_ATOMIC,
+				 mr_resp), 0);
 		rkey = mr_resp.rkey;
-		ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_INIT,
-					       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)), 0);
+		ib_uverbs_modify_qp init = modify_cmd(rc.handle, IBV_QPS_INIT,
+						      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+		init.qp_access_flags |= IBV_ACCESS_REMOTE_ATOMIC;
+		ASSERT_EQ(modify_qp(init), 0);
 		ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTR,
 					       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 						       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)), 0);
@@ -461,6 +466,58 @@ TEST_F(WireRcTest, MiddleWithoutFirstIsAnInvalidRequest)
 {
 	post_rc_recv();
 	EXPECT_EQ(send_rc(0x01, kModifyRqPsn, {}, {1, 2, 3, 4}), WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+std::vector<uint8_t> fetch_add(uint64_t va, uint32_t key, uint64_t add)
+{
+	std::vector<uint8_t> h(w::kAtomicEthBytes);
+	w::encode(w::AtomicEth{va, key, add, 0}, std::span<uint8_t, w::kAtomicEthBytes>(h.data(), w::kAtomicEthBytes));
+	return h;
+}
+
+TEST_F(WireRcTest, DuplicateAtomicIsAnsweredNotExecutedAgain)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	uint64_t counter = 5;
+	std::memcpy(target, &counter, 8);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 8u);
+	// The ATOMIC ACK was lost; the requester sends the same request again.
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 8u) << "a duplicate atomic was executed again";
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn + 1, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 11u);
+}
+
+TEST_F(WireRcTest, UnalignedAtomicIsAnInvalidRequest)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va + 4, rkey, 3), {}), WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireRcTest, ReadConsumesAPsnPerResponse)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	// 3000 bytes at a path MTU of 1024: three responses, PSNs P .. P+2.
+	EXPECT_EQ(send_rc(0x0C, kModifyRqPsn, reth(va, rkey, 3000), {}), WireOutcome::delivered);
+	post_rc_recv();
+	// A PSN inside the READ's is a duplicate: answered, not executed.
+	send_rc(0x04, kModifyRqPsn + 1, {}, {1});
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rc_rq()), 1u);
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn + 3, {}, {1}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
+}
+
+TEST_F(WireRcTest, ReadBeyondTheMrIsARemoteAccessError)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x0C, kModifyRqPsn, reth(va, rkey, sizeof(target) + 1), {}), WireOutcome::dropped);
 	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
 }
 
