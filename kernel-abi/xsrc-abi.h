@@ -45,8 +45,9 @@
  * QP_CREATE).
  * Revision 7 added tag-matching SRQs (IBV_SRQT_TM through CREATE_XSRQ): the
  * tag table after a TM SRQ's ring (xsrc-queues.h, xsrc_tm_table) and the
- * tag a matched completion carries (XSRC_CQE_TM_INFO). */
-#define XSRC_DRIVER_ABI_REVISION 7
+ * tag a matched completion carries (XSRC_CQE_TM_INFO).
+ * Revision 8 added RC and UC on the wire: XSRC_CMD_WIRE_RESPONSES. */
+#define XSRC_DRIVER_ABI_REVISION 8
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -190,6 +191,14 @@ enum {
 	/* v6: what an object handle of this context names (ibv_import_pd,
 	 * ibv_import_mr): EINVAL when it names no object of that type. */
 	XSRC_CMD_QUERY_OBJECT = 0xf6,
+	/* v8: RC on the wire. The caller's requester gets the RoCE v2
+	 * responses (ACK, NAK, READ response, ATOMIC ACK) that reach this
+	 * host for its RC QPs: the daemon takes `fd`, one end of an AF_UNIX
+	 * SOCK_SEQPACKET pair the caller made, and sends it each such packet
+	 * whose ICRC checked, from its BTH to its pad (no ICRC), without ever
+	 * waiting (a response that does not fit is lost, as on a wire). A
+	 * second registration replaces the first. No response. */
+	XSRC_CMD_WIRE_RESPONSES = 0xf7,
 };
 
 enum xsrc_event_kind {
@@ -323,6 +332,12 @@ struct xsrc_invalidate {
 	__u32 rkey;
 	__u32 peer_qpn;          /* REMOTE: the responder QP, connected to qp_handle's; else 0 */
 	__u32 reserved;          /* 0 */
+};
+
+/* XSRC_CMD_WIRE_RESPONSES (v8) */
+struct xsrc_wire_responses {
+	__u32 comp_mask;         /* 0 */
+	__u32 fd;                /* the caller's end the daemon sends into */
 };
 
 #endif /* XSRC_ABI_H */

@@ -71,6 +71,42 @@ inline constexpr uint8_t kUdSendOnly = 0x64;
 inline constexpr uint8_t kUdSendOnlyImm = 0x65;
 }  // namespace opcode
 
+// The operation of an RC, UC or XRC opcode (its low 5 bits).
+namespace op {
+inline constexpr uint8_t kSendFirst = 0x00;
+inline constexpr uint8_t kSendMiddle = 0x01;
+inline constexpr uint8_t kSendLast = 0x02;
+inline constexpr uint8_t kSendLastImm = 0x03;
+inline constexpr uint8_t kSendOnly = 0x04;
+inline constexpr uint8_t kSendOnlyImm = 0x05;
+inline constexpr uint8_t kWriteFirst = 0x06;
+inline constexpr uint8_t kWriteMiddle = 0x07;
+inline constexpr uint8_t kWriteLast = 0x08;
+inline constexpr uint8_t kWriteLastImm = 0x09;
+inline constexpr uint8_t kWriteOnly = 0x0A;
+inline constexpr uint8_t kWriteOnlyImm = 0x0B;
+inline constexpr uint8_t kReadRequest = 0x0C;
+inline constexpr uint8_t kReadResponseFirst = 0x0D;
+inline constexpr uint8_t kReadResponseMiddle = 0x0E;
+inline constexpr uint8_t kReadResponseLast = 0x0F;
+inline constexpr uint8_t kReadResponseOnly = 0x10;
+inline constexpr uint8_t kAcknowledge = 0x11;
+inline constexpr uint8_t kAtomicAcknowledge = 0x12;
+inline constexpr uint8_t kCmpSwap = 0x13;
+inline constexpr uint8_t kFetchAdd = 0x14;
+}  // namespace op
+
+// AETH syndromes (IBTA 9.7.5.2): the top 3 bits say ACK (0), RNR NAK (1)
+// or NAK (3); the low 5 bits are credits, the RNR timer or the NAK code.
+namespace aeth {
+inline constexpr uint8_t kAck = 0x1F;  // ACK, no credit count
+inline constexpr uint8_t kRnrNak = 0x20;
+inline constexpr uint8_t kNakPsnSequence = 0x60;
+inline constexpr uint8_t kNakInvalidRequest = 0x61;
+inline constexpr uint8_t kNakRemoteAccess = 0x62;
+inline constexpr uint8_t kNakRemoteOperation = 0x63;
+}  // namespace aeth
+
 // --- IB transport headers ----------------------------------------------------
 
 struct Bth {

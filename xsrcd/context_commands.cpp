@@ -1,6 +1,7 @@
 // Context-level commands: GET_CONTEXT, device and port queries, completion
 // channels and the channel-pipe pool.
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "dispatcher_handlers.h"
@@ -223,6 +224,27 @@ int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 		return err;
 	if (!query_only)
 		ctx.channel_pool.emplace_back(static_cast<int>(cmd.fds.rd_fd), Channel{std::move(wr), std::move(rd)});
+	return 0;
+}
+
+int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
+{
+	auto cmd = load<xsrc_wire_responses>(req.core);
+	if (int err = check_comp_mask(cmd.comp_mask, 0))
+		return err;
+	if (int err = check_no_driver_data(req))
+		return err;
+	if (cmd.fd > INT32_MAX)
+		return refuse(EINVAL, "bad fd number of the response socket");
+	unique_fd fd(caller.take_fd(static_cast<int>(cmd.fd)));
+	if (!fd)
+		return refuse(EBADF, "the caller has no such fd");
+	int type = 0, domain = 0;
+	socklen_t len = sizeof(type);
+	if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_SEQPACKET ||
+	    (len = sizeof(domain), getsockopt(fd.get(), SOL_SOCKET, SO_DOMAIN, &domain, &len)) || domain != AF_UNIX)
+		return refuse(EINVAL, "the response fd is not an AF_UNIX SOCK_SEQPACKET socket");
+	ctx.wire_responses = std::move(fd);
 	return 0;
 }
 

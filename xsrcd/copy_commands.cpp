@@ -138,26 +138,17 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	if (pd_id == PdId())
 		return EACCES;
 
-	uint32_t need;
 	if (cmd.key_kind == XSRC_COPY_RKEY) {
-		need = needed_access(cmd.op);
-		// The responder QP must allow the operation too (IBTA class C).
-		if ((peer->attributes().access_flags & need) != need)
+		std::optional<uint64_t> va = remote_key_target(dev, *owner, *peer, pd_id, cmd.key, needed_access(cmd.op),
+							       cmd.peer_addr, cmd.length);
+		if (!va)
 			return EACCES;
-	} else {
-		need = IB_UVERBS_ACCESS_LOCAL_WRITE;
+		t.owner = owner;
+		t.va = *va;
+		return 0;
 	}
-	// An rkey may name a bound window (r4) instead: its range, rights, PD
-	// and (type 2) the QP it was bound on, as the daemon recorded the bind.
-	if (cmd.key_kind == XSRC_COPY_RKEY)
-		if (const Mw *mw = mw_find(dev, *owner, cmd.key)) {
-			if (pd_id_of(*owner, mw->pd_handle) != pd_id || (mw->access & need) != need ||
-			    (mw->type == IBV_MW_TYPE_2 && mw->qpn != peer->qpn()))
-				return EACCES;
-			return resolve_range(owner, mw->addr, mw->iova, mw->length, cmd, t);
-		}
 	const Mr *mr = find_mr(dev, *owner, cmd.key);
-	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || (mr->access & need) != need)
+	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || !(mr->access & IB_UVERBS_ACCESS_LOCAL_WRITE))
 		return EACCES;
 	return resolve_range(owner, mr->addr, mr->iova, mr->length, cmd, t);
 }
@@ -330,29 +321,40 @@ private:
 	bool held_ = false;
 };
 
+}  // namespace
+
+int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint64_t compare_add, uint64_t swap,
+		  uint64_t &original)
+{
+	ArenaAtomicLock lock(*dev.arena, owner.owner, va);
+	if (!lock.held())
+		return EAGAIN;
+	if (peer_memory(owner, va, std::as_writable_bytes(std::span(&original, 1)), false))
+		return static_cast<int>(peer_status(owner));
+	uint64_t value = original;
+	if (fetch_add)
+		value = original + compare_add;
+	else if (original == compare_add)
+		value = swap;
+	if (value != original && peer_memory(owner, va, std::as_writable_bytes(std::span(&value, 1)), true))
+		return static_cast<int>(peer_status(owner));
+	return 0;
+}
+
+namespace {
+
 // FETCH_ADD / CMP_SWAP. Returns EAGAIN when the lock stayed busy.
 int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov,
 	      const Target &t, xsrc_copy_resp &resp)
 {
-	uint64_t original;
-	{
-		ArenaAtomicLock lock(*ctx.device->arena, t.owner->owner, t.va);
-		if (!lock.held())
-			return refuse(EAGAIN, "the arena's atomic lock is held too long");
-		if (peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&original, 1)), false)) {
-			resp.status = peer_status(*t.owner);
-			return 0;
-		}
-		uint64_t value = original;
-		if (cmd.op == XSRC_COPY_FETCH_ADD)
-			value = original + cmd.compare_add;
-		else if (original == cmd.compare_add)
-			value = cmd.swap;
-		if (value != original &&
-		    peer_memory(*t.owner, t.va, std::as_writable_bytes(std::span(&value, 1)), true)) {
-			resp.status = peer_status(*t.owner);
-			return 0;
-		}
+	uint64_t original = 0;
+	int err = device_atomic(*ctx.device, *t.owner, t.va, cmd.op == XSRC_COPY_FETCH_ADD, cmd.compare_add, cmd.swap,
+				original);
+	if (err == EAGAIN)
+		return refuse(EAGAIN, "the arena's atomic lock is held too long");
+	if (err) {
+		resp.status = static_cast<uint32_t>(err);
+		return 0;
 	}
 	if (caller_pieces(caller, iov, reinterpret_cast<std::byte *>(&original), true)) {
 		resp.status = EFAULT;  // the remote side is done: as a lost response
@@ -363,6 +365,31 @@ int atomic_op(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vec
 }
 
 }  // namespace
+
+std::optional<uint64_t> remote_key_target(Device &dev, Context &owner, const Qp &qp, PdId pd, uint32_t rkey,
+					  uint32_t need, uint64_t addr, uint64_t length)
+{
+	// The responder QP must allow the operation too (IBTA class C).
+	if ((qp.attributes().access_flags & need) != need)
+		return std::nullopt;
+	auto in_range = [&](uint64_t base, uint64_t iova, uint64_t key_length) -> std::optional<uint64_t> {
+		if (addr < iova || length > key_length || addr - iova > key_length - length)
+			return std::nullopt;
+		return base + (addr - iova);
+	};
+	// An rkey may name a bound window (r4) instead: its range, rights, PD
+	// and (type 2) the QP it was bound on, as the daemon recorded the bind.
+	if (const Mw *mw = mw_find(dev, owner, rkey)) {
+		if (pd_id_of(owner, mw->pd_handle) != pd || (mw->access & need) != need ||
+		    (mw->type == IBV_MW_TYPE_2 && mw->qpn != qp.qpn()))
+			return std::nullopt;
+		return in_range(mw->addr, mw->iova, mw->length);
+	}
+	const Mr *mr = find_mr(dev, owner, rkey);
+	if (!mr || pd_id_of(owner, mr->pd_handle) != pd || (mr->access & need) != need)
+		return std::nullopt;
+	return in_range(mr->addr, mr->iova, mr->length);
+}
 
 int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 {

@@ -109,6 +109,8 @@ const CommandTable &write_commands()
 			spec<xsrc_import_context>("XSRC_IMPORT_CONTEXT", cmd_import_context, true);
 		t[XSRC_CMD_QUERY_OBJECT] =
 			spec<xsrc_query_object>("XSRC_QUERY_OBJECT", cmd_query_object, true);
+		t[XSRC_CMD_WIRE_RESPONSES] =
+			spec<xsrc_wire_responses>("XSRC_WIRE_RESPONSES", cmd_wire_responses, false);
 		return t;
 	}();
 	return table;
@@ -152,6 +154,8 @@ uint32_t command_revision(uint32_t num)
 	case XSRC_CMD_IMPORT_CONTEXT:
 	case XSRC_CMD_QUERY_OBJECT:
 		return 6;
+	case XSRC_CMD_WIRE_RESPONSES:
+		return 8;
 	default:
 		return 1;
 	}

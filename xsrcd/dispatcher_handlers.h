@@ -6,6 +6,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <optional>
+
 #include "dispatcher_request.h"
 
 namespace xsrc {
@@ -19,6 +21,7 @@ int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req);
 int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req);
 int cmd_import_context(Context &ctx, Caller &caller, const Request &req);  // r6
 int cmd_query_object(Context &ctx, Caller &caller, const Request &req);    // r6
+int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req);    // r8
 
 // pd_mr_commands.cpp
 int cmd_alloc_pd(Context &ctx, Caller &caller, const Request &req);
@@ -43,6 +46,21 @@ void mw_unbind_from_mr(Device &dev, uint32_t mr_index);
 void mw_unbind_from_qp(Device &dev, Qpn qpn);
 // The bound window `rkey` names in `owner`, or null (XSRC_CMD_COPY's check).
 const Mw *mw_find(Device &dev, Context &owner, uint32_t rkey);
+
+// copy_commands.cpp: where [addr, +length) under `rkey` lies in `owner`'s
+// memory for remote access `need` (IB_UVERBS_ACCESS_REMOTE_*) through the
+// responder QP `qp` of PD `pd`: the QP must allow it, and the key (an MR,
+// or a window bound there) be of that PD with those rights and cover the
+// range. Nothing when it may not: a remote access error. XSRC_CMD_COPY and
+// the wire's responder (wire_deliver.cpp) both check with it.
+std::optional<uint64_t> remote_key_target(Device &dev, Context &owner, const Qp &qp, PdId pd, uint32_t rkey,
+					  uint32_t need, uint64_t addr, uint64_t length);
+// copy_commands.cpp: FETCH_ADD (`fetch_add`) or CMP_SWAP on the 8 bytes at
+// `va` of `owner`, under the device-wide atomics lock the providers take
+// too (IBV_ATOMIC_HCA). 0 with `original`, EAGAIN (the lock stayed busy),
+// ESRCH (the owner is gone) or EACCES (its memory is not there).
+int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint64_t compare_add, uint64_t swap,
+		  uint64_t &original);
 
 // cq_commands.cpp
 int cmd_create_cq(Context &ctx, Caller &caller, const Request &req);

@@ -22,8 +22,10 @@
 #include "common/fd.h"
 #include "common/ids.h"
 #include "caller.h"
+#include "common/ring_ops.h"
 #include "netdev.h"
 #include "sysfs_view.h"
+#include "wire/sender.h"
 #include "xsrc-abi.h"
 #include "xsrc-queues.h"
 
@@ -174,6 +176,44 @@ struct XrcTgtQp {
 	std::vector<ObjectRef> holders;  // every handle, oldest first
 };
 
+// RC and UC on the wire: the responder's place in the request stream
+// (wire_deliver.cpp). Made at the QP's first packet, reset when the QP
+// gets a new receive PSN or goes back to RESET.
+struct WireResponderState {
+	uint32_t epsn = 0;           // the PSN expected next
+	uint32_t msn = 0;            // messages completed (AETH)
+	bool nak_sent = false;       // RC: a sequence NAK is out for epsn
+	bool discarding = false;     // UC: a packet was lost, up to the next FIRST/ONLY
+	// A SEND under way (FIRST .. LAST) and the receive it fills; a
+	// receive taken for a message that then failed is kept for the next.
+	bool in_send = false;
+	bool have_receive = false;
+	RecvWqe receive;
+	uint64_t offset = 0;
+	// An RDMA WRITE under way: where its next byte goes in the owner.
+	bool in_write = false;
+	uint64_t write_va = 0;
+	uint64_t write_left = 0;
+	uint64_t write_length = 0;
+	// READ and atomic requests executed, newest last: a duplicate is
+	// answered from here (a READ's checked range is read again, an
+	// atomic's original value resent), never executed again.
+	struct Replay {
+		bool used = false;
+		bool atomic = false;
+		uint32_t psn = 0;
+		uint32_t packets = 0;   // PSNs the request consumed
+		uint64_t va = 0;        // READ: the checked address in the owner
+		uint64_t length = 0;
+		uint64_t original = 0;  // atomic: the value before
+	};
+	std::array<Replay, 16> replay{};
+	size_t replay_next = 0;
+	// What the last in-order request consumed and whether it answered itself.
+	uint32_t consumed = 1;
+	bool answered = false;
+};
+
 // A QP handle. The links are absent where the QP type has no such object:
 // XRC send QPs have no receive side, XRC receive QPs no PD and no CQs.
 struct Qp {
@@ -193,6 +233,7 @@ struct Qp {
 	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
 	std::vector<Gid> mcast_groups;  // UD: the multicast groups it is attached to
+	std::shared_ptr<WireResponderState> wire_responder;  // RC/UC from the wire
 	Qpn qpn() const { return Qpn(XSRC_QPN_BASE + index); }
 	QpAttributes &attributes() { return shared ? shared->attr : attr; }
 	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
@@ -249,6 +290,7 @@ struct Context {
 	// Registered channel pipes not yet handed out, FIFO: {caller rd fd, ours}.
 	std::deque<std::pair<int, Channel>> channel_pool;
 	std::map<int, Channel> channels;  // by the caller's fd number
+	unique_fd wire_responses;  // r8: where its RC QPs' responses from the wire go
 
 	uint32_t next_handle = 0;
 	std::map<uint32_t, Object> objects;
@@ -337,6 +379,8 @@ struct Device {
 	uint32_t mcast_attachments = 0;  // members over all groups
 	// Live objects of each Object alternative, over all contexts (limits).
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
+	// The sockets the wire's responder sends ACKs from (made on first use).
+	std::unique_ptr<xsrc_wire_sender> wire_out;
 };
 
 // --- a context's object table ---------------------------------------------

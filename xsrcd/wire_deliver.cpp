@@ -1,10 +1,23 @@
-// Delivery of RoCE v2 UD packets (wire_deliver.h). Every decision is taken
-// on the daemon's own records (the QP's type, state, Q_Key, receive ring and
-// CQ; each SGE's MR in the owner's context), never on the arena's copies,
-// which any process of the device can write; the bytes land in the owner's
-// memory by process_vm_writev, the completion in its CQ ring.
+// A RoCE v2 packet from the wire, its ICRC checked (wire_receiver.cpp),
+// delivered into the device as an HCA would (wire_deliver.h). Every decision
+// is taken on the daemon's own records (the QP's type, state, Q_Key, PSNs,
+// receive ring and CQ; each SGE's MR and each rkey in the owner's context),
+// never on the arena's copies, which any process of the device can write;
+// the bytes land in the owner's memory by process_vm_writev, completions
+// in its CQ ring.
+//
+// UD: SEND Only (with Immediate) into a posted receive, Q_Key checked, the
+// GRH built from the IP header.
+// RC and UC requests: the responder (IBTA 9.7): PSNs, FIRST/MIDDLE/LAST/ONLY
+// SEND into one receive, RDMA WRITE through the rkey, immediate data; RC
+// answers with ACK, RNR NAK, PSN sequence NAK and the error NAKs, and
+// re-ACKs duplicates.
+// RC responses (ACK, NAK, READ response, ATOMIC ACK): the requester lives in
+// the QP owner's provider; the packet goes to the socket it registered
+// (XSRC_CMD_WIRE_RESPONSES).
 #include "wire_deliver.h"
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -15,39 +28,58 @@
 #include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
 #include "wire/headers.h"
+#include "wire/sender.h"
 
 namespace xsrc {
 namespace {
 
 namespace w = wire;
+namespace op = w::op;
 
-struct UdPacket {
+// A packet taken apart: its addresses, BTH, headers and payload.
+struct Packet {
 	std::span<const uint8_t> ip_header;
-	std::array<uint8_t, 16> dgid{};
+	std::array<uint8_t, 16> sgid{};   // the sender's address as a GID
+	std::array<uint8_t, 16> dgid{};   // ours
 	w::Bth bth;
-	w::Deth deth;
-	std::optional<w::ImmDt> imm;
-	std::span<const uint8_t> payload;
+	uint16_t ext = 0;                 // the opcode's extension headers (w::Ext)
+	std::span<const uint8_t> body;    // BTH .. end of payload, pad and ICRC
+	std::span<const uint8_t> payload; // after the headers, before the pad
+	std::span<const uint8_t> transport;  // BTH .. pad: what a requester is given
 };
 
-// The parts of a UD SEND packet, or nothing for anything else.
-std::optional<UdPacket> parse_ud(std::span<const uint8_t> p)
+void ipv4_gid(std::array<uint8_t, 16> &gid, const in_addr &a)
 {
-	UdPacket u;
+	gid = {};
+	gid[10] = gid[11] = 0xFF;
+	std::memcpy(gid.data() + 12, &a, 4);
+}
+
+// The parts of a RoCE v2 packet of a defined opcode, or nothing.
+std::optional<Packet> parse(std::span<const uint8_t> p)
+{
+	Packet u;
 	size_t ip_len;
+	if (p.empty())
+		return std::nullopt;
 	if (p[0] >> 4 == 4) {
+		if (p.size() < w::kIpv4Bytes)
+			return std::nullopt;
 		auto ip = w::decode_ipv4(p.first<w::kIpv4Bytes>());
 		// Fragments are not reassembled: RoCE never sends any.
 		if (!ip || ip->protocol != w::kIpProtoUdp || (ip->flags_fragment & 0x3FFF))
 			return std::nullopt;
-		u.dgid[10] = u.dgid[11] = 0xFF;
-		std::memcpy(u.dgid.data() + 12, &ip->dst, 4);
+		ipv4_gid(u.dgid, ip->dst);
+		ipv4_gid(u.sgid, ip->src);
 		ip_len = w::kIpv4Bytes;
 	} else {
+		if (p.size() < w::kIpv6Bytes)
+			return std::nullopt;
 		auto ip = w::decode_ipv6(p.first<w::kIpv6Bytes>());
 		if (!ip || ip->next_header != w::kIpProtoUdp)
 			return std::nullopt;
 		std::memcpy(u.dgid.data(), &ip->dst, 16);
+		std::memcpy(u.sgid.data(), &ip->src, 16);
 		ip_len = w::kIpv6Bytes;
 	}
 	u.ip_header = p.first(ip_len);
@@ -56,18 +88,41 @@ std::optional<UdPacket> parse_ud(std::span<const uint8_t> p)
 	w::Udp udp = w::decode_udp(p.subspan(ip_len).first<w::kUdpBytes>());
 	if (udp.dst_port != w::kRoceV2Port || udp.length != p.size() - ip_len)
 		return std::nullopt;
-	auto body = p.subspan(ip_len + w::kUdpBytes);
-	u.bth = w::decode_bth(body.first<w::kBthBytes>());
-	if (u.bth.tver != 0 || (u.bth.opcode != w::opcode::kUdSendOnly && u.bth.opcode != w::opcode::kUdSendOnlyImm))
+	u.body = p.subspan(ip_len + w::kUdpBytes);
+	u.bth = w::decode_bth(u.body.first<w::kBthBytes>());
+	const w::OpcodeInfo *info = w::opcode_info(u.bth.opcode);
+	if (u.bth.tver != 0 || !info)
 		return std::nullopt;
+	u.ext = info->ext;
 	size_t headers = w::header_bytes(u.bth.opcode);
-	if (body.size() < headers + u.bth.pad + w::kIcrcBytes)
+	if (u.body.size() < headers + u.bth.pad + w::kIcrcBytes)
 		return std::nullopt;
-	u.deth = w::decode_deth(body.subspan(w::kBthBytes).first<w::kDethBytes>());
-	if (u.bth.opcode == w::opcode::kUdSendOnlyImm)
-		u.imm = w::decode_immdt(body.subspan(w::kBthBytes + w::kDethBytes).first<w::kImmDtBytes>());
-	u.payload = body.subspan(headers, body.size() - headers - u.bth.pad - w::kIcrcBytes);
+	u.payload = u.body.subspan(headers, u.body.size() - headers - u.bth.pad - w::kIcrcBytes);
+	u.transport = u.body.first(u.body.size() - w::kIcrcBytes);
+	if (!(u.ext & w::kExtPayload) && !u.payload.empty())
+		return std::nullopt;
 	return u;
+}
+
+// Where an extension header starts in the body (after the BTH and the
+// headers that precede it in IBTA order), for the ones RC/UC/UD carry.
+size_t ext_offset(const Packet &pk, uint16_t which)
+{
+	size_t off = w::kBthBytes;
+	const uint16_t order[] = {w::kExtDeth, w::kExtXrceth, w::kExtReth, w::kExtAtomicEth, w::kExtAeth,
+				  w::kExtAtomicAckEth, w::kExtImmDt, w::kExtIeth};
+	const size_t sizes[] = {w::kDethBytes, w::kXrcEthBytes, w::kRethBytes, w::kAtomicEthBytes, w::kAethBytes,
+				w::kAtomicAckEthBytes, w::kImmDtBytes, w::kIethBytes};
+	for (size_t i = 0; i < std::size(order) && order[i] != which; ++i)
+		if (pk.ext & order[i])
+			off += sizes[i];
+	return off;
+}
+
+template <size_t N>
+std::span<const uint8_t, N> ext_bytes(const Packet &pk, uint16_t which)
+{
+	return pk.body.subspan(ext_offset(pk, which)).template first<N>();
 }
 
 bool receive_state(ibv_qp_state s)
@@ -175,46 +230,80 @@ void check_srq_limit(Context &owner, Srq &srq, xsrc_recv_ring *ring)
 		post_srq_event(owner, srq, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
-}  // namespace
+// The receive ring, CQ and PD a QP receives through (its own or its SRQ's).
+struct ReceiveSide {
+	Cq *cq = nullptr;
+	Srq *srq = nullptr;
+	xsrc_recv_ring *ring = nullptr;
+	PdId pd;
+};
 
-WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
+std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp)
 {
-	std::optional<UdPacket> u = parse_ud(ip_packet);
-	if (!u || !device_has_gid(dev, u->dgid) || u->bth.dest_qpn < XSRC_QPN_BASE)
-		return WireOutcome::dropped;
-	ObjectRef ref = dev.qp_slots.find(u->bth.dest_qpn - XSRC_QPN_BASE);
+	ReceiveSide r;
+	r.cq = qp.recv_cq_handle ? lookup<Cq>(owner, *qp.recv_cq_handle) : nullptr;
+	r.srq = qp.srq_handle ? lookup<Srq>(owner, *qp.srq_handle) : nullptr;
+	uint64_t ring_off = r.srq ? r.srq->ring_off : qp.rq_off;
+	if (!r.cq || !ring_off || (qp.srq_handle && !r.srq))
+		return std::nullopt;
+	r.ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
+	if (!recv_ring_fits(*dev.arena, ring_off, *r.ring))
+		return std::nullopt;
+	r.pd = pd_id_of(owner, r.srq ? std::optional<PdHandle>(r.srq->pd_handle) : qp.pd_handle);
+	return r;
+}
+
+// Takes the oldest posted receive. False when there is none.
+bool take_receive(Context &owner, ReceiveSide &r, RecvWqe &rwqe)
+{
+	if (!recv_pop(r.ring, rwqe, kRingTries))
+		return false;
+	if (r.srq)
+		check_srq_limit(owner, *r.srq, r.ring);
+	return true;
+}
+
+// The QP named by a packet's BTH, with the context that owns it.
+Qp *packet_qp(Device &dev, const Packet &pk, Context *&owner)
+{
+	if (pk.bth.dest_qpn < XSRC_QPN_BASE)
+		return nullptr;
+	ObjectRef ref = dev.qp_slots.find(pk.bth.dest_qpn - XSRC_QPN_BASE);
 	Qp *qp = ref ? lookup<Qp>(*ref.ctx, ref.handle) : nullptr;
+	owner = ref.ctx;
+	return qp;
+}
+
+WireOutcome deliver_ud(Device &dev, const Packet &pk)
+{
+	if (pk.bth.opcode != w::opcode::kUdSendOnly && pk.bth.opcode != w::opcode::kUdSendOnlyImm)
+		return WireOutcome::dropped;
+	Context *ownerp = nullptr;
+	Qp *qp = packet_qp(dev, pk, ownerp);
+	w::Deth deth = w::decode_deth(ext_bytes<w::kDethBytes>(pk, w::kExtDeth));
 	// A UD datagram nobody can take is dropped silently (IBTA 10.2.5: a
 	// Q_Key violation too).
 	if (!qp || qp->qp_type != IBV_QPT_UD || !receive_state(qp_current_state(dev, *qp)) ||
-	    qp->attributes().qkey != u->deth.qkey)
+	    qp->attributes().qkey != deth.qkey)
 		return WireOutcome::dropped;
-	Context &owner = *ref.ctx;
-	Cq *cq = qp->recv_cq_handle ? lookup<Cq>(owner, *qp->recv_cq_handle) : nullptr;
-	Srq *srq = qp->srq_handle ? lookup<Srq>(owner, *qp->srq_handle) : nullptr;
-	uint64_t ring_off = srq ? srq->ring_off : qp->rq_off;
-	if (!cq || !ring_off || (qp->srq_handle && !srq))
-		return WireOutcome::dropped;
-	auto *ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
+	Context &owner = *ownerp;
+	std::optional<ReceiveSide> side = receive_side(dev, owner, *qp);
 	RecvWqe rwqe;
-	if (!recv_ring_fits(*dev.arena, ring_off, *ring) || !recv_pop(ring, rwqe, kRingTries))
+	if (!side || !take_receive(owner, *side, rwqe))
 		return WireOutcome::dropped;  // no receive posted: UD loses it
-	if (srq)
-		check_srq_limit(owner, *srq, ring);
 
 	xsrc_cqe c{};
 	c.wr_id = rwqe.wr_id;
 	c.opcode = IBV_WC_RECV;
-	c.qp_num = u->bth.dest_qpn;
-	PdId pd = pd_id_of(owner, srq ? std::optional<PdHandle>(srq->pd_handle) : qp->pd_handle);
-	std::array<uint8_t, w::kGrhBytes> grh = w::grh_from_ip(u->ip_header);
-	uint64_t len = w::kGrhBytes + u->payload.size();
+	c.qp_num = pk.bth.dest_qpn;
+	std::array<uint8_t, w::kGrhBytes> grh = w::grh_from_ip(pk.ip_header);
+	uint64_t len = w::kGrhBytes + pk.payload.size();
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t nremote;
-	ibv_wc_status st = scatter(dev, owner, pd, rwqe, len, remote, nremote);
+	ibv_wc_status st = scatter(dev, owner, side->pd, rwqe, len, remote, nremote);
 	if (st == IBV_WC_SUCCESS) {
 		iovec local[2] = {{grh.data(), grh.size()},
-				  {const_cast<uint8_t *>(u->payload.data()), u->payload.size()}};
+				  {const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()}};
 		ssize_t n = process_vm_writev(owner.owner, local, 2, remote.data(), nremote, 0);
 		if (n != static_cast<ssize_t>(len))
 			st = IBV_WC_LOC_PROT_ERR;
@@ -222,17 +311,554 @@ WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
 	c.status = st;
 	if (st == IBV_WC_SUCCESS) {
 		c.byte_len = static_cast<uint32_t>(len);
-		c.src_qp = u->deth.src_qpn;
+		c.src_qp = deth.src_qpn;
 		c.wc_flags = IBV_WC_GRH;
-		if (u->imm) {
-			c.imm_data = u->imm->raw;
+		if (pk.bth.opcode == w::opcode::kUdSendOnlyImm) {
+			c.imm_data = w::decode_immdt(ext_bytes<w::kImmDtBytes>(pk, w::kExtImmDt)).raw;
 			c.wc_flags |= IBV_WC_WITH_IMM;
 		}
-		if (u->bth.solicited)
+		if (pk.bth.solicited)
 			c.flags |= XSRC_CQE_SOLICITED;
 	}
-	complete(dev, owner, *cq, c);
+	complete(dev, owner, *side->cq, c);
 	return WireOutcome::delivered;
+}
+
+// --- the RC / UC responder -------------------------------------------------
+
+// 24-bit PSN arithmetic: how far `psn` is past `base` (IBTA 9.7.5.1.2: the
+// half of the PSN space after the expected PSN is "ahead", the other half
+// "behind": duplicates).
+uint32_t psn_diff(uint32_t psn, uint32_t base)
+{
+	return (psn - base) & w::kPsnMask;
+}
+
+constexpr uint32_t kPsnHalf = 1u << 23;
+
+bool is_send_first(uint8_t o)
+{
+	return o == op::kSendFirst || o == op::kSendOnly || o == op::kSendOnlyImm;
+}
+
+bool is_send_last(uint8_t o)
+{
+	return o == op::kSendLast || o == op::kSendLastImm || o == op::kSendOnly || o == op::kSendOnlyImm;
+}
+
+bool is_write_first(uint8_t o)
+{
+	return o == op::kWriteFirst || o == op::kWriteOnly || o == op::kWriteOnlyImm;
+}
+
+bool is_write_last(uint8_t o)
+{
+	return o == op::kWriteLast || o == op::kWriteLastImm || o == op::kWriteOnly || o == op::kWriteOnlyImm;
+}
+
+bool is_first(uint8_t o)
+{
+	return is_send_first(o) || is_write_first(o);
+}
+
+// What the responder makes of one in-order request packet.
+enum class Step { ok, rnr, nak_invalid, nak_access, nak_operation };
+
+// Sends an ACK or NAK (`syndrome`) for `psn` to the QP's peer, from our
+// address the request came to.
+void send_aeth(Device &dev, const Packet &pk, const Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t msn)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	if (!s)
+		return;  // our address went away: the requester times out
+	std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
+	w::Bth bth;
+	bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kAcknowledge;
+	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+	bth.psn = psn & w::kPsnMask;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	w::encode(w::Aeth{syndrome, msn & w::kPsnMask},
+		  std::span<uint8_t, w::kAethBytes>(hdr.data() + w::kBthBytes, w::kAethBytes));
+	(void)w::send_packet(*s, pk.sgid, hdr, nullptr, 0, 0);
+}
+
+// The owner's iovecs for bytes [from, from + len) of receive `rwqe`.
+ibv_wc_status receive_slice(Device &dev, Context &owner, PdId pd, const RecvWqe &rwqe, uint64_t from, uint64_t len,
+			    std::array<iovec, XSRC_MAX_RECV_SGE> &out, size_t &n)
+{
+	std::array<iovec, XSRC_MAX_RECV_SGE> all;
+	size_t count;
+	if (ibv_wc_status st = scatter(dev, owner, pd, rwqe, from + len, all, count); st != IBV_WC_SUCCESS)
+		return st;
+	n = 0;
+	uint64_t pos = 0;
+	for (size_t i = 0; i < count; ++i) {
+		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + all[i].iov_len, from + len);
+		if (lo < hi)
+			out[n++] = {static_cast<char *>(all[i].iov_base) + (lo - pos), hi - lo};
+		pos += all[i].iov_len;
+	}
+	return IBV_WC_SUCCESS;
+}
+
+bool write_owner(Context &owner, std::span<const uint8_t> bytes, const iovec *remote, size_t nremote)
+{
+	if (bytes.empty())
+		return true;
+	iovec local{const_cast<uint8_t *>(bytes.data()), bytes.size()};
+	return process_vm_writev(owner.owner, &local, 1, remote, nremote, 0) == static_cast<ssize_t>(bytes.size());
+}
+
+xsrc_cqe receive_cqe(const Qp &qp, const RecvWqe &rwqe, ibv_wc_status status)
+{
+	xsrc_cqe c{};
+	c.wr_id = rwqe.wr_id;
+	c.status = status;
+	c.opcode = IBV_WC_RECV;
+	c.qp_num = qp.qpn().value();
+	return c;
+}
+
+// A receive the responder took ends in error: its completion, the QP to error.
+void fail_receive(Device &dev, Context &owner, Qp &qp, ReceiveSide &side, const RecvWqe &rwqe, ibv_wc_status status)
+{
+	complete(dev, owner, *side.cq, receive_cqe(qp, rwqe, status));
+	qp_enter_error(owner, qp);
+}
+
+// One SEND packet, in order.
+Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	std::optional<ReceiveSide> side = receive_side(dev, owner, qp);
+	if (!side)
+		return Step::nak_operation;
+	if (is_send_first(o)) {
+		if (st.in_send)
+			return Step::nak_invalid;
+		if (!st.have_receive) {
+			if (!take_receive(owner, *side, st.receive))
+				return Step::rnr;
+			st.have_receive = true;
+		}
+		st.in_send = true;
+		st.offset = 0;
+	} else if (!st.in_send) {
+		return Step::nak_invalid;
+	}
+	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
+	size_t n = 0;
+	ibv_wc_status status = receive_slice(dev, owner, side->pd, st.receive, st.offset, pk.payload.size(), remote, n);
+	if (status == IBV_WC_SUCCESS && !write_owner(owner, pk.payload, remote.data(), n))
+		status = IBV_WC_LOC_PROT_ERR;
+	if (status != IBV_WC_SUCCESS) {
+		st.in_send = st.have_receive = false;
+		fail_receive(dev, owner, qp, *side, st.receive, status);
+		return status == IBV_WC_LOC_LEN_ERR ? Step::nak_invalid : Step::nak_operation;
+	}
+	st.offset += pk.payload.size();
+	if (!is_send_last(o))
+		return Step::ok;
+	xsrc_cqe c = receive_cqe(qp, st.receive, IBV_WC_SUCCESS);
+	c.byte_len = static_cast<uint32_t>(st.offset);
+	if (pk.ext & w::kExtImmDt) {
+		c.imm_data = w::decode_immdt(ext_bytes<w::kImmDtBytes>(pk, w::kExtImmDt)).raw;
+		c.wc_flags |= IBV_WC_WITH_IMM;
+	}
+	if (pk.bth.solicited)
+		c.flags |= XSRC_CQE_SOLICITED;
+	st.in_send = st.have_receive = false;
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	complete(dev, owner, *side->cq, c);
+	return Step::ok;
+}
+
+// One RDMA WRITE packet, in order.
+Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	if (is_write_first(o)) {
+		if (st.in_write)
+			return Step::nak_invalid;
+		w::Reth reth = w::decode_reth(ext_bytes<w::kRethBytes>(pk, w::kExtReth));
+		st.write_va = 0;
+		// A zero-length write checks no key (IBTA 9.7.4.1.5).
+		if (reth.dma_length) {
+			std::optional<uint64_t> va = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), reth.rkey,
+								       IB_UVERBS_ACCESS_REMOTE_WRITE, reth.va,
+								       reth.dma_length);
+			if (!va)
+				return Step::nak_access;
+			st.write_va = *va;
+		}
+		st.in_write = true;
+		st.write_left = st.write_length = reth.dma_length;
+	} else if (!st.in_write) {
+		return Step::nak_invalid;
+	}
+	if (pk.payload.size() > st.write_left || (is_write_last(o) && pk.payload.size() != st.write_left)) {
+		st.in_write = false;
+		return Step::nak_invalid;
+	}
+	// The immediate needs a receive: taken before a byte moves, so that an
+	// RNR NAK leaves the packet to be sent again unchanged.
+	std::optional<ReceiveSide> side;
+	bool imm = pk.ext & w::kExtImmDt;
+	if (imm) {
+		side = receive_side(dev, owner, qp);
+		if (!side)
+			return Step::nak_operation;
+		if (!st.have_receive) {
+			if (!take_receive(owner, *side, st.receive))
+				return Step::rnr;
+			st.have_receive = true;
+		}
+	}
+	iovec remote{reinterpret_cast<void *>(st.write_va), pk.payload.size()};
+	if (!write_owner(owner, pk.payload, &remote, 1)) {
+		st.in_write = false;
+		return Step::nak_access;
+	}
+	st.write_va += pk.payload.size();
+	st.write_left -= pk.payload.size();
+	if (!is_write_last(o))
+		return Step::ok;
+	st.in_write = false;
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	if (imm) {
+		xsrc_cqe c = receive_cqe(qp, st.receive, IBV_WC_SUCCESS);
+		c.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+		c.byte_len = static_cast<uint32_t>(st.write_length);
+		c.imm_data = w::decode_immdt(ext_bytes<w::kImmDtBytes>(pk, w::kExtImmDt)).raw;
+		c.wc_flags |= IBV_WC_WITH_IMM;
+		if (pk.bth.solicited)
+			c.flags |= XSRC_CQE_SOLICITED;
+		st.have_receive = false;
+		complete(dev, owner, *side->cq, c);
+	}
+	return Step::ok;
+}
+
+// The path MTU of a QP, as its requester cuts READ responses: the QP's
+// path_mtu, no more than the port's (the largest IB MTU that fits the
+// netdev's MTU with the RoCE headers).
+uint32_t qp_mtu(const Device &dev, const Qp &qp)
+{
+	uint32_t port = 4096;
+	while (port > 256 && port + 80 > dev.netdev.mtu)
+		port /= 2;
+	uint8_t path = qp.attributes().path_mtu;
+	uint32_t mtu = path >= 1 && path <= 5 ? 128u << path : 1024u;
+	return std::min(mtu, port);
+}
+
+uint32_t read_packets(uint64_t length, uint32_t mtu)
+{
+	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
+}
+
+// READ responses `from` .. the last of a saved READ.
+void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp &qp, const WireResponderState &st,
+			 const WireResponderState::Replay &r, uint32_t from)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	if (!s)
+		return;
+	uint32_t mtu = qp_mtu(dev, qp);
+	std::array<uint8_t, 4096> data;
+	for (uint32_t k = from; k < r.packets; ++k) {
+		uint64_t offset = uint64_t(k) * mtu;
+		size_t len = static_cast<size_t>(std::min<uint64_t>(mtu, r.length - std::min(r.length, offset)));
+		uint8_t code = r.packets == 1	    ? op::kReadResponseOnly
+			       : k == 0		    ? op::kReadResponseFirst
+			       : k + 1 == r.packets ? op::kReadResponseLast
+						    : op::kReadResponseMiddle;
+		std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
+		w::Bth bth;
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | code;
+		bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+		bth.psn = (r.psn + k) & w::kPsnMask;
+		bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+		w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+		size_t n = w::kBthBytes;
+		if (code != op::kReadResponseMiddle) {
+			w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
+				  std::span<uint8_t, w::kAethBytes>(hdr.data() + n, w::kAethBytes));
+			n += w::kAethBytes;
+		}
+		iovec local{data.data(), len}, remote{reinterpret_cast<void *>(r.va + offset), len};
+		if (len && process_vm_readv(owner.owner, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len))
+			return;  // the memory went away: the requester times out
+		(void)w::send_packet(*s, pk.sgid, {hdr.data(), n}, &local, len ? 1 : 0, len);
+	}
+}
+
+void send_atomic_ack(Device &dev, const Packet &pk, const Qp &qp, const WireResponderState &st,
+		     const WireResponderState::Replay &r)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	if (!s)
+		return;
+	std::array<uint8_t, w::kBthBytes + w::kAethBytes + w::kAtomicAckEthBytes> hdr{};
+	w::Bth bth;
+	bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kAtomicAcknowledge;
+	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+	bth.psn = r.psn & w::kPsnMask;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
+		  std::span<uint8_t, w::kAethBytes>(hdr.data() + w::kBthBytes, w::kAethBytes));
+	w::encode(w::AtomicAckEth{r.original}, std::span<uint8_t, w::kAtomicAckEthBytes>(
+						    hdr.data() + w::kBthBytes + w::kAethBytes, w::kAtomicAckEthBytes));
+	(void)w::send_packet(*s, pk.sgid, hdr, nullptr, 0, 0);
+}
+
+WireResponderState::Replay &remember(WireResponderState &st)
+{
+	WireResponderState::Replay &r = st.replay[st.replay_next++ % st.replay.size()];
+	r = {};
+	r.used = true;
+	return r;
+}
+
+// An RDMA READ request, in order: checked, remembered, answered.
+Step respond_read(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	w::Reth reth = w::decode_reth(ext_bytes<w::kRethBytes>(pk, w::kExtReth));
+	uint64_t va = 0;
+	if (reth.dma_length) {
+		std::optional<uint64_t> target = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), reth.rkey,
+								   IB_UVERBS_ACCESS_REMOTE_READ, reth.va, reth.dma_length);
+		if (!target)
+			return Step::nak_access;
+		va = *target;
+	}
+	WireResponderState::Replay &r = remember(st);
+	r.psn = pk.bth.psn;
+	r.va = va;
+	r.length = reth.dma_length;
+	r.packets = read_packets(reth.dma_length, qp_mtu(dev, qp));
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	st.consumed = r.packets;
+	st.answered = true;
+	send_read_responses(dev, pk, owner, qp, st, r, 0);
+	return Step::ok;
+}
+
+// A CmpSwap or FetchAdd, in order: executed once, its original remembered.
+Step respond_atomic(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	w::AtomicEth a = w::decode_atomic_eth(ext_bytes<w::kAtomicEthBytes>(pk, w::kExtAtomicEth));
+	if (a.va % 8)
+		return Step::nak_invalid;
+	std::optional<uint64_t> va = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), a.rkey,
+						       IB_UVERBS_ACCESS_REMOTE_ATOMIC, a.va, 8);
+	if (!va)
+		return Step::nak_access;
+	uint64_t original = 0;
+	bool fetch_add = (pk.bth.opcode & 0x1F) == op::kFetchAdd;
+	int err = device_atomic(dev, owner, *va, fetch_add, fetch_add ? a.swap_add : a.compare, a.swap_add, original);
+	if (err == EAGAIN)
+		return Step::rnr;  // the lock stayed busy: the requester tries again
+	if (err)
+		return Step::nak_access;
+	WireResponderState::Replay &r = remember(st);
+	r.atomic = true;
+	r.psn = pk.bth.psn;
+	r.packets = 1;
+	r.original = original;
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	st.answered = true;
+	send_atomic_ack(dev, pk, qp, st, r);
+	return Step::ok;
+}
+
+Step respond_packet(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	st.consumed = 1;
+	st.answered = false;
+	if (o <= op::kSendOnlyImm)
+		return respond_send(dev, owner, qp, st, pk);
+	if (o <= op::kWriteOnlyImm)
+		return respond_write(dev, owner, qp, st, pk);
+	if (static_cast<w::Transport>(pk.bth.opcode & 0xE0) != w::Transport::rc)
+		return Step::nak_invalid;
+	if (o == op::kReadRequest)
+		return respond_read(dev, owner, qp, st, pk);
+	if (o == op::kCmpSwap || o == op::kFetchAdd)
+		return respond_atomic(dev, owner, qp, st, pk);
+	return Step::nak_invalid;
+}
+
+// A duplicate READ or atomic: answered again from what was remembered.
+// False when nothing was (it fell out of the table): the requester's retry
+// then times out, as it would against an HCA past max_dest_rd_atomic.
+bool replay_duplicate(Device &dev, Context &owner, const Qp &qp, const WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	for (const WireResponderState::Replay &r : st.replay) {
+		if (!r.used || psn_diff(pk.bth.psn, r.psn) >= r.packets)
+			continue;
+		if (r.atomic && (o == op::kCmpSwap || o == op::kFetchAdd)) {
+			send_atomic_ack(dev, pk, qp, st, r);
+			return true;
+		}
+		if (!r.atomic && o == op::kReadRequest) {
+			send_read_responses(dev, pk, owner, qp, st, r, psn_diff(pk.bth.psn, r.psn));
+			return true;
+		}
+	}
+	return false;
+}
+
+uint8_t nak_syndrome(Step s)
+{
+	switch (s) {
+	case Step::nak_invalid:
+		return w::aeth::kNakInvalidRequest;
+	case Step::nak_access:
+		return w::aeth::kNakRemoteAccess;
+	default:
+		return w::aeth::kNakRemoteOperation;
+	}
+}
+
+WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	uint32_t d = psn_diff(pk.bth.psn, st.epsn);
+	if (d != 0) {
+		if (d >= kPsnHalf) {
+			uint8_t o = pk.bth.opcode & 0x1F;
+			if (o == op::kReadRequest || o == op::kCmpSwap || o == op::kFetchAdd) {
+				replay_duplicate(dev, owner, qp, st, pk);
+				return WireOutcome::delivered;
+			}
+			// A duplicate (the requester resent after a lost ACK): what it
+			// asked was done; say so again, with where we are.
+			if (pk.bth.ack_req)
+				send_aeth(dev, pk, qp, w::aeth::kAck, (st.epsn - 1) & w::kPsnMask, st.msn);
+			return WireOutcome::delivered;
+		}
+		// A gap: one NAK per gap, then the requester goes back (go-back-N).
+		if (!st.nak_sent) {
+			st.nak_sent = true;
+			send_aeth(dev, pk, qp, w::aeth::kNakPsnSequence, st.epsn, st.msn);
+		}
+		return WireOutcome::dropped;
+	}
+	st.nak_sent = false;
+	Step s = respond_packet(dev, owner, qp, st, pk);
+	switch (s) {
+	case Step::ok:
+		st.epsn = (st.epsn + st.consumed) & w::kPsnMask;
+		if (pk.bth.ack_req && !st.answered)
+			send_aeth(dev, pk, qp, w::aeth::kAck, pk.bth.psn, st.msn);
+		return WireOutcome::delivered;
+	case Step::rnr:
+		send_aeth(dev, pk, qp, static_cast<uint8_t>(w::aeth::kRnrNak | (qp.attributes().min_rnr_timer & 0x1F)),
+			  pk.bth.psn, st.msn);
+		return WireOutcome::dropped;
+	default:
+		// Invalid request, remote access and operation errors are fatal to
+		// the responder's QP too (IBTA 9.9.3.1.2).
+		send_aeth(dev, pk, qp, nak_syndrome(s), pk.bth.psn, st.msn);
+		qp_enter_error(owner, qp);
+		return WireOutcome::dropped;
+	}
+}
+
+WireOutcome respond_uc(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	uint8_t o = pk.bth.opcode & 0x1F;
+	if (pk.bth.psn != st.epsn) {
+		// A lost packet: the message under way is dropped (its receive is
+		// kept for the next one), and so is all up to the next FIRST/ONLY.
+		st.in_send = st.in_write = false;
+		st.discarding = true;
+	}
+	st.epsn = (pk.bth.psn + 1) & w::kPsnMask;
+	if (st.discarding) {
+		if (!is_first(o))
+			return WireOutcome::dropped;
+		st.discarding = false;
+	}
+	Step s = respond_packet(dev, owner, qp, st, pk);
+	if (s == Step::ok)
+		return WireOutcome::delivered;
+	// UC has no NAK: a message that cannot land is dropped whole.
+	st.in_send = st.in_write = false;
+	st.discarding = true;
+	return WireOutcome::dropped;
+}
+
+WireOutcome respond(Device &dev, const Packet &pk)
+{
+	Context *owner = nullptr;
+	Qp *qp = packet_qp(dev, pk, owner);
+	auto transport = static_cast<w::Transport>(pk.bth.opcode & 0xE0);
+	uint8_t want = transport == w::Transport::rc ? uint8_t(IBV_QPT_RC) : uint8_t(IBV_QPT_UC);
+	if (!qp || qp->qp_type != want || !receive_state(qp_current_state(dev, *qp)))
+		return WireOutcome::dropped;
+	// A connected QP hears only the GID it is connected to.
+	const QpAttributes &a = qp->attributes();
+	if (std::memcmp(a.dest.dgid, pk.sgid.data(), pk.sgid.size()) != 0)
+		return WireOutcome::dropped;
+	if (!qp->wire_responder) {
+		qp->wire_responder = std::make_shared<WireResponderState>();
+		qp->wire_responder->epsn = a.rq_psn & w::kPsnMask;
+	}
+	WireResponderState &st = *qp->wire_responder;
+	return transport == w::Transport::rc ? respond_rc(dev, *owner, *qp, st, pk) : respond_uc(dev, *owner, *qp, st, pk);
+}
+
+// --- responses, for the requester in the QP owner's provider ---------------
+
+WireOutcome forward_response(Device &dev, const Packet &pk)
+{
+	Context *owner = nullptr;
+	Qp *qp = packet_qp(dev, pk, owner);
+	if (!qp || qp->qp_type != IBV_QPT_RC || !owner->wire_responses)
+		return WireOutcome::dropped;
+	ibv_qp_state s = qp_current_state(dev, *qp);
+	if (s != IBV_QPS_RTS && s != IBV_QPS_SQD)
+		return WireOutcome::dropped;
+	if (std::memcmp(qp->attributes().dest.dgid, pk.sgid.data(), pk.sgid.size()) != 0)
+		return WireOutcome::dropped;
+	// Never block the daemon on a requester that does not read: a response
+	// that does not fit is lost, and the requester's timer recovers.
+	ssize_t n = send(owner->wire_responses.get(), pk.transport.data(), pk.transport.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+	return n == static_cast<ssize_t>(pk.transport.size()) ? WireOutcome::delivered : WireOutcome::dropped;
+}
+
+bool is_response(uint8_t opcode)
+{
+	uint8_t o = opcode & 0x1F;
+	return o >= op::kReadResponseFirst && o <= op::kAtomicAcknowledge;
+}
+
+}  // namespace
+
+WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
+{
+	std::optional<Packet> pk = parse(ip_packet);
+	if (!pk || !device_has_gid(dev, pk->dgid))
+		return WireOutcome::dropped;
+	switch (static_cast<w::Transport>(pk->bth.opcode & 0xE0)) {
+	case w::Transport::ud:
+		return deliver_ud(dev, *pk);
+	case w::Transport::rc:
+		return is_response(pk->bth.opcode) ? forward_response(dev, *pk) : respond(dev, *pk);
+	case w::Transport::uc:
+		return respond(dev, *pk);
+	default:
+		return WireOutcome::dropped;
+	}
 }
 
 }  // namespace xsrc

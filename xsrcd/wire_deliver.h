@@ -1,7 +1,8 @@
 // A RoCE v2 packet from the wire, its ICRC checked (wire_receiver.cpp),
-// delivered into the device as the responder of an HCA would: today UD
-// SEND Only (with Immediate) into a posted receive of the UD QP the BTH
-// names, with the Q_Key check and the GRH built from the IP header.
+// delivered into the device as the responder of an HCA would: UD SEND
+// into a posted receive, RC and UC SEND and RDMA WRITE executed into the
+// QP owner's memory (RC answered with ACK/NAK), RC responses handed to the
+// requester in the QP owner's provider.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,9 @@
 
 namespace xsrc {
 
-// Called under the daemon's lock. `ip_packet`: IP header .. ICRC.
+// Called under the daemon's lock. `ip_packet`: IP header .. ICRC. UD is
+// delivered, RC/UC requests executed (and answered), RC responses handed
+// to the requester's context.
 WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet);
 
 }  // namespace xsrc

@@ -25,6 +25,8 @@ namespace w = wire;
 
 // Larger than any frame of a 9000-byte MTU.
 constexpr size_t kMaxPacket = 9216;
+// The packet socket's receive buffer.
+constexpr int kReceiveBufferBytes = 16 << 20;
 
 // A classic BPF program for a SOCK_DGRAM packet socket (offsets start at the
 // IP header): accept IPv4 UDP to 4791 (not a fragment, any IHL) and IPv6
@@ -114,6 +116,12 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 		err = errno;
 		return nullptr;
 	}
+	// A window of RC packets from each peer arrives at once: room for them
+	// (FORCE: past rmem_max, for a daemon with CAP_NET_ADMIN; else the
+	// plain request, which the kernel caps).
+	int bytes = kReceiveBufferBytes;
+	if (setsockopt(impl.packets.get(), SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)))
+		setsockopt(impl.packets.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 	impl.stop.reset(eventfd(0, EFD_CLOEXEC));
 	if (!impl.stop) {
 		err = errno;

@@ -30,7 +30,7 @@ ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		errno = err;
 		return nullptr;
 	}
-	ah->engine = xsrc_route(pd->context, *attr, true);
+	ah->engine = xsrc_route(pd->context, *attr);
 	ah->multicast = attr->is_global && xsrc_is_multicast_gid(attr->grh.dgid.raw);
 	return &ah->ah;
 }

@@ -381,6 +381,17 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 {
 	xsrc_qp *qp = to_xsrc_qp(ibqp);
 	struct ibv_modify_qp cmd{};
+	// A path to another host needs the wire's response socket first: without
+	// it nothing would ever acknowledge the QP's messages.
+	const xsrc_transport *engine = qp->engine;
+	if ((attr_mask & IBV_QP_AV) && qp->type != IBV_QPT_UD)
+		engine = xsrc_route(ibqp->context, attr->ah_attr);
+	if (engine == &xsrc_wire_transport)
+		if (int err = xsrc_wire_prepare(qp)) {
+			verbs_err(qp_vctx(qp), "modify_qp: QP %u cannot reach another host: %s\n", qp->qpn.value(),
+				  strerror(err));
+			return err;
+		}
 	if (int err = ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd))) {
 		verbs_debug(qp_vctx(qp), "modify_qp: the device refused QP %u attr_mask 0x%x%s: %s\n",
 			    qp->qpn.value(), attr_mask, attr_mask & IBV_QP_STATE ? " with a state change" : "",
@@ -388,8 +399,14 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		return err;
 	}
 	// The RTR path names the destination: route by its GID.
-	if ((attr_mask & IBV_QP_AV) && qp->type != IBV_QPT_UD)
-		qp->engine = xsrc_route(ibqp->context, attr->ah_attr, false);
+	qp->engine = engine;
+	// Another host: the wire engine learns the path, PSNs and MTU.
+	if (qp->engine == &xsrc_wire_transport || qp->wire)
+		if (int err = xsrc_wire_qp_modify(qp, *attr, attr_mask)) {
+			verbs_err(qp_vctx(qp), "modify_qp: QP %u cannot reach its peer on the wire: %s\n",
+				  qp->qpn.value(), strerror(err));
+			return err;
+		}
 	if (!(attr_mask & IBV_QP_STATE))
 		return 0;
 	if (attr->qp_state == IBV_QPS_ERR) {
@@ -400,6 +417,7 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		std::lock_guard guard(qp->sq_lock);
 		qp->sq.clear();
 		qp->retry_at_ns = 0;
+		xsrc_wire_qp_flush(qp, true);
 		xsrc::RecvWqe discard;
 		while (qp->rq && xsrc::recv_pop(qp->rq, discard)) {
 		}
@@ -440,6 +458,7 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 		verbs_err(qp_vctx(qp), "destroy_qp: the device refused QP %u: %s\n", qp->qpn.value(), strerror(err));
 		return err;
 	}
+	xsrc_wire_qp_destroy(ctx, qp);
 	xsrc_context_remove_qp(ctx, qp);
 	xsrc_parent_domain_release(qp->parent_domain);
 	xsrc_rss_release(qp->rss);

@@ -114,9 +114,10 @@ void requester_done(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, ui
 	if (qp->tm_fin.pending)
 		xsrc_tm_deliver_fin(ctx, qp);
 }
+}  // namespace
 
 // IBTA RNR timer encoding (0 = 655.36 ms), in nanoseconds.
-uint64_t requester_rnr_delay_ns(uint8_t code)
+uint64_t xsrc_requester_rnr_delay_ns(uint8_t code) noexcept
 {
 	static constexpr uint32_t us[32] = {655360, 10,   20,   30,   40,   60,    80,    120,
 					    160,    240,  320,  480,  640,  960,  1280,  1920,
@@ -125,12 +126,24 @@ uint64_t requester_rnr_delay_ns(uint8_t code)
 	return uint64_t(us[code % std::size(us)]) * kNsPerUs;
 }
 
-uint64_t requester_ack_timeout_ns(uint8_t timeout)
+uint64_t xsrc_requester_ack_timeout_ns(uint8_t timeout) noexcept
 {
 	if (timeout == 0 || timeout > kAckTimeoutMaxExp)
 		return kAckTimeoutCapNs;
 	return kAckTimeoutUnitNs << timeout;
 }
+
+void xsrc_requester_complete_later(xsrc_context *ctx, xsrc_qp *qp, uint64_t wr_id, ibv_wr_opcode opcode,
+				   bool signaled, ibv_wc_status status, uint32_t byte_len) noexcept
+{
+	if (status == IBV_WC_SUCCESS && !signaled)
+		return;
+	xsrc_cqe c = xsrc_make_cqe(wr_id, status, requester_wc_opcode(opcode), qp->qpn);
+	c.byte_len = byte_len;
+	xsrc_cq_complete(ctx, qp->send_cq->ring, 0, c);
+}
+
+namespace {
 
 // The head WQE ends with `status`: the QP goes to error, the rest is flushed.
 // The state changes first, so whoever polls the error completion and then
@@ -155,6 +168,9 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 		requester_done(ctx, qp, wqe, res.byte_len);
 		qp->sq.pop_front();
 		return true;
+	case xsrc_attempt::posted:  // the engine completes it
+		qp->sq.pop_front();
+		return true;
 	case xsrc_attempt::failed:
 		requester_fail_head(ctx, qp, res.status);
 		return true;
@@ -165,7 +181,7 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 			requester_fail_head(ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR);
 			return true;
 		}
-		qp->retry_at_ns = now + requester_rnr_delay_ns(res.min_rnr_timer);
+		qp->retry_at_ns = now + xsrc_requester_rnr_delay_ns(res.min_rnr_timer);
 		return false;
 	case xsrc_attempt::unreachable:
 		if (wqe.retries_left == xsrc_send_wqe::kNotRetried)
@@ -174,7 +190,7 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 			requester_fail_head(ctx, qp, IBV_WC_RETRY_EXC_ERR);
 			return true;
 		}
-		qp->retry_at_ns = now + requester_ack_timeout_ns(qp->entry->timeout);
+		qp->retry_at_ns = now + xsrc_requester_ack_timeout_ns(qp->entry->timeout);
 		return false;
 	}
 	return true;
@@ -259,6 +275,8 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		requester_done(ctx, qp, wqe, res.byte_len);
 		return;
 	}
+	if (res.attempt == xsrc_attempt::posted)
+		return;
 	qp->sq.push_next();
 	if (!requester_settle_head(ctx, qp, res, xsrc_requester_now_ns()))
 		xsrc_progress_schedule(ctx, qp, qp->retry_at_ns);
@@ -319,6 +337,7 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept
 void xsrc_requester_flush(xsrc_qp *qp) noexcept
 {
 	auto *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	xsrc_wire_qp_flush(qp, false);  // sent on the wire, not yet acknowledged: first
 	while (!qp->sq.empty()) {
 		requester_complete(ctx, qp, qp->sq.front(), IBV_WC_WR_FLUSH_ERR, 0);
 		qp->sq.pop_front();

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
 // Routing by destination GID: a connected QP (at RTR) and an address handle
 // pick the engine that carries their messages. A GID of this device's port is
-// the shared-memory engine; any other GID is another host, which no engine
-// reaches yet (RoCE v2 on the wire will): reliable QPs retry, then complete
+// the shared-memory engine; any other GID is another host, reached by the
+// wire engine (RoCE v2, wire_requester.cpp): UD address handles, RC and UC
+// QPs. Never a local QP that happens to have the same number. What the wire
+// does not carry yet (XRC) is unrouted: reliable QPs retry, then complete
 // with IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire
-// with nobody at the other end. Never a local QP that happens to have the
-// same number. UD address handles to another host's GID take the wire
-// engine (RoCE v2, wire_requester.cpp); connected QPs do not cross hosts yet.
+// with nobody at the other end.
 // A multicast GID is a group with members on this device (and,
 // once there is a wire, beyond it): the shared-memory engine delivers it.
 #include "xsrc.h"
@@ -44,12 +44,12 @@ bool xsrc_gid_is_local(ibv_context *ibctx, uint8_t port_num, const ibv_gid &gid)
 	return false;
 }
 
-const xsrc_transport *xsrc_route(ibv_context *ibctx, const ibv_ah_attr &ah, bool datagram)
+const xsrc_transport *xsrc_route(ibv_context *ibctx, const ibv_ah_attr &ah)
 {
 	const xsrc_transport *local = to_xsrc_ctx(ibctx)->transport;
 	// Without a GRH the destination is on this port (the device's own LID).
 	if (!ah.is_global || xsrc_is_multicast_gid(ah.grh.dgid.raw) ||
 	    xsrc_gid_is_local(ibctx, ah.port_num, ah.grh.dgid))
 		return local;
-	return datagram ? &xsrc_wire_transport : &xsrc_unrouted_transport;
+	return &xsrc_wire_transport;
 }

@@ -23,7 +23,9 @@ struct xsrc_send_wqe;
 constexpr size_t xsrc_batch_max = 32;
 
 // The outcome of one attempt at a WQE.
-enum class xsrc_attempt { done, rnr, unreachable, failed };
+// posted: the engine took the message and completes it itself later (RC on
+// the wire: when the responder acknowledges it).
+enum class xsrc_attempt { done, rnr, unreachable, failed, posted };
 
 struct xsrc_attempt_result {
 	xsrc_attempt attempt = xsrc_attempt::done;
@@ -43,6 +45,7 @@ struct xsrc_attempt_result {
 		return {xsrc_attempt::rnr, IBV_WC_SUCCESS, 0, min_rnr_timer};
 	}
 	static xsrc_attempt_result unreachable() { return {xsrc_attempt::unreachable, IBV_WC_SUCCESS, 0, 0}; }
+	static xsrc_attempt_result posted() { return {xsrc_attempt::posted, IBV_WC_SUCCESS, 0, 0}; }
 };
 
 // An engine. execute() makes one attempt at `wqe` (the caller holds the
@@ -64,7 +67,7 @@ struct xsrc_transport {
 extern const xsrc_transport xsrc_shm_transport;  // shm_responder.cpp
 // A destination GID that is not this device's (route.cpp): connected QPs.
 extern const xsrc_transport xsrc_unrouted_transport;
-// RoCE v2 to another host (wire_requester.cpp): UD today.
+// RoCE v2 to another host (wire_requester.cpp): UD, and RC and UC (wire_rc.cpp).
 extern const xsrc_transport xsrc_wire_transport;
 
 // --- route.cpp: which engine reaches a destination -------------------------
@@ -72,9 +75,8 @@ extern const xsrc_transport xsrc_wire_transport;
 // Is `gid` in the GID table of `port_num`? (Reads the table: a slow path.)
 bool xsrc_gid_is_local(ibv_context *ctx, uint8_t port_num, const ibv_gid &gid);
 // The engine for messages towards `ah`: the context's own for this port's
-// GIDs, multicast GIDs (and for no GRH); for any other GID the wire for a
-// datagram (a UD address handle), xsrc_unrouted_transport for a connected QP.
-const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah, bool datagram);
+// GIDs, multicast GIDs (and for no GRH); the wire for any other GID.
+const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah);
 
 // --- requester.cpp: the QP's side, whatever the engine ---------------------
 
@@ -100,3 +102,11 @@ uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept;
 void xsrc_requester_flush(xsrc_qp *qp) noexcept;
 // The monotonic clock retries are timed by.
 uint64_t xsrc_requester_now_ns() noexcept;
+// The local ACK timeout of a QP's `timeout` attribute, and an RNR NAK's
+// wait for its timer code (IBTA tables), in nanoseconds.
+uint64_t xsrc_requester_ack_timeout_ns(uint8_t timeout) noexcept;
+uint64_t xsrc_requester_rnr_delay_ns(uint8_t code) noexcept;
+// A WQE an engine took (xsrc_attempt::posted) finished: its completion,
+// when it is signaled or failed.
+void xsrc_requester_complete_later(xsrc_context *ctx, xsrc_qp *qp, uint64_t wr_id, ibv_wr_opcode opcode,
+				   bool signaled, ibv_wc_status status, uint32_t byte_len) noexcept;

@@ -211,6 +211,8 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->shm_maps);
 	std::construct_at(&ctx->progress_lock);
 	std::construct_at(&ctx->progress);
+	std::construct_at(&ctx->wire_engine);
+	std::construct_at(&ctx->wire_live, nullptr);
 	std::construct_at(&ctx->qps_lock);
 	std::construct_at(&ctx->async_wr);
 	std::construct_at(&ctx->device_dead, false);
@@ -232,6 +234,8 @@ struct context_deleter {
 		std::destroy_at(&ctx->raw);
 		std::destroy_at(&ctx->raw_lock);
 		std::destroy_at(&ctx->progress);
+		std::destroy_at(&ctx->wire_live);
+		std::destroy_at(&ctx->wire_engine);
 		std::destroy_at(&ctx->wire);
 		std::destroy_at(&ctx->progress_lock);
 		std::destroy_at(&ctx->shm_maps);

@@ -34,7 +34,8 @@
 #include "queues.h"
 #include "send_queue.h"
 #include "transport.h"
-#include "wire_sender.h"
+#include "wire/sender.h"
+#include "wire_rc.h"
 
 struct pipe_fds {
 	xsrc::unique_fd rd;
@@ -131,7 +132,11 @@ struct xsrc_context {
 	xsrc_shm_maps shm_maps;      // peers' SysV segments attached here (peer_shm.h)
 	uint32_t port_mtu_bytes;     // UD messages may not exceed it
 	const xsrc_transport *transport; // the engine that carries our QPs' messages
-	xsrc_wire_sender wire;       // sockets of the wire engine (wire_sender.h)
+	xsrc_wire_sender wire;       // sockets of the wire engine (wire/sender.h)
+	// RC on the wire: the response socket and its thread (wire_rc.h), made
+	// with the first RC QP whose path leads to another host.
+	std::unique_ptr<xsrc::WireEngine, xsrc::WireEngineDeleter> wire_engine;
+	std::atomic<xsrc::WireEngine *> wire_live; // wire_engine once it runs: what poll_cq looks at
 	xsrc_mcast_table *mcast;     // r3: the device's multicast groups; null: no multicast
 	std::mutex progress_lock;
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
@@ -289,6 +294,7 @@ struct xsrc_qp {
 		uint32_t from_qpn = 0;
 		ibv_tmh tmh{};
 	} tm_fin;
+	xsrc_wire_qp *wire = nullptr; // RC/UC to another host: PSNs, messages in flight (wire_rc.cpp)
 
 	xsrc_parent_domain *parent_domain = nullptr; // made through one: its allocator, its TD
 	xsrc_td_lock rq_lock;            // the receive ring has one producer

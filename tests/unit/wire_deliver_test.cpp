@@ -2,8 +2,11 @@
 // process: a UD QP of the fixture's context with a receive posted in its
 // ring, packets built with wire/, and the completion read back from the CQ
 // ring. Each way a datagram is refused is dropped silently, as IBTA has it
-// for UD; a receive that cannot take it completes in error.
+// for UD; a receive that cannot take it completes in error. RC: the
+// responder's PSN checks, SEND segments into one receive, RDMA WRITE through
+// the rkey and its refusals, and responses handed to the requester's socket.
 #include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include <optional>
 
@@ -31,6 +34,8 @@ struct PacketSpec {
 	bool ipv6 = false;
 };
 
+std::vector<uint8_t> frame(const std::vector<uint8_t> &body, const char *src, const char *dst, bool ipv6);
+
 // IP .. ICRC, as a sender on the wire puts it.
 std::vector<uint8_t> packet(const PacketSpec &s)
 {
@@ -48,20 +53,26 @@ std::vector<uint8_t> packet(const PacketSpec &s)
 	}
 	body.insert(body.end(), s.payload.begin(), s.payload.end());
 	body.insert(body.end(), pad, 0);
+	return frame(body, "127.0.0.2", s.dst, s.ipv6);
+}
+
+// The IP and UDP headers in front of `body` (BTH .. pad), the ICRC behind.
+std::vector<uint8_t> frame(const std::vector<uint8_t> &body, const char *src, const char *dst, bool ipv6)
+{
 	uint16_t udp_len = static_cast<uint16_t>(w::kUdpBytes + body.size() + w::kIcrcBytes);
 	std::vector<uint8_t> p;
-	if (s.ipv6) {
+	if (ipv6) {
 		w::Ipv6 ip;
 		ip.payload_length = udp_len;
 		inet_pton(AF_INET6, "fd00::2", &ip.src);
-		inet_pton(AF_INET6, s.dst, &ip.dst);
+		inet_pton(AF_INET6, dst, &ip.dst);
 		p.resize(w::kIpv6Bytes);
 		w::encode(ip, std::span<uint8_t, w::kIpv6Bytes>(p.data(), w::kIpv6Bytes));
 	} else {
 		w::Ipv4 ip;
 		ip.total_length = static_cast<uint16_t>(w::kIpv4Bytes + udp_len);
-		inet_pton(AF_INET, "127.0.0.2", &ip.src);
-		inet_pton(AF_INET, s.dst, &ip.dst);
+		inet_pton(AF_INET, src, &ip.src);
+		inet_pton(AF_INET, dst, &ip.dst);
 		p.resize(w::kIpv4Bytes);
 		w::encode(ip, std::span<uint8_t, w::kIpv4Bytes>(p.data(), w::kIpv4Bytes));
 	}
@@ -299,6 +310,264 @@ TEST_F(WireDeliverTest, ForgedCqRingGeometryGetsNoCompletion)
 	EXPECT_EQ(deliver({}), WireOutcome::delivered);
 	ring.num_entries = entries;
 	EXPECT_FALSE(completion());
+}
+
+// --- RC and UC: the responder, and responses for the requester ------------
+
+// An RC QP connected (RTR) to kModifyDestQpn at kPeerGid (::ffff:10.0.0.7),
+// expecting kModifyRqPsn; its MR takes remote writes.
+class WireRcTest : public WireDeliverTest {
+protected:
+	void SetUp() override
+	{
+		WireDeliverTest::SetUp();
+		ASSERT_EQ(create_qp(qp_spec(IBV_QPT_RC), rc), 0);
+		ib_uverbs_reg_mr_resp mr_resp{};
+		ASSERT_EQ(reg_mr(pd0, target, sizeof(target),
+				 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					 IBV_ACCESS_REMOTE_ATOMIC,
+				 mr_resp), 0);
+		rkey = mr_resp.rkey;
+		ib_uverbs_modify_qp init = modify_cmd(rc.handle, IBV_QPS_INIT,
+						      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+		init.qp_access_flags |= IBV_ACCESS_REMOTE_ATOMIC;
+		ASSERT_EQ(modify_qp(init), 0);
+		ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTR,
+					       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+						       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)), 0);
+	}
+
+	// An RC packet: BTH, `headers` after it, `payload`, from `src`.
+	WireOutcome send_rc(uint8_t opcode, uint32_t psn, std::vector<uint8_t> headers, std::vector<uint8_t> payload,
+			    const char *src = "10.0.0.7", bool ack_req = true)
+	{
+		std::vector<uint8_t> body(w::kBthBytes);
+		w::Bth bth;
+		bth.opcode = opcode;
+		bth.dest_qpn = rc.qpn;
+		bth.psn = psn;
+		bth.ack_req = ack_req;
+		bth.pad = static_cast<uint8_t>((4 - payload.size() % 4) % 4);
+		w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
+		body.insert(body.end(), headers.begin(), headers.end());
+		body.insert(body.end(), payload.begin(), payload.end());
+		body.insert(body.end(), bth.pad, 0);
+		std::vector<uint8_t> p = frame(body, src, "127.0.0.1", false);
+		return wire_deliver(dev, p);
+	}
+
+	std::vector<uint8_t> reth(uint64_t va, uint32_t key, uint32_t len)
+	{
+		std::vector<uint8_t> h(w::kRethBytes);
+		w::encode(w::Reth{va, key, len}, std::span<uint8_t, w::kRethBytes>(h.data(), w::kRethBytes));
+		return h;
+	}
+
+	xsrc_recv_ring *rc_rq() { return &arena().at<xsrc_recv_ring>(rc.drv.rq_off); }
+
+	void post_rc_recv()
+	{
+		xsrc_sge sge{reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+		ASSERT_TRUE(recv_push(rc_rq(), 9, &sge, 1));
+	}
+
+	ibv_qp_state rc_state() { return xsrc_qp_state_decode(arena().qp_entry(rc.qpn - XSRC_QPN_BASE).state); }
+
+	CreatedQp rc;
+	uint32_t rkey = 0;
+	alignas(64) uint8_t target[4096] = {};
+};
+
+TEST_F(WireRcTest, SendFirstMiddleLastFillsOneReceive)
+{
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x00, kModifyRqPsn, {}, std::vector<uint8_t>(8, 1), "10.0.0.7", false), WireOutcome::delivered);
+	EXPECT_EQ(send_rc(0x01, kModifyRqPsn + 1, {}, std::vector<uint8_t>(8, 2), "10.0.0.7", false),
+		  WireOutcome::delivered);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(send_rc(0x02, kModifyRqPsn + 2, {}, std::vector<uint8_t>(5, 3)), WireOutcome::delivered);
+	auto c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->opcode, IBV_WC_RECV);
+	EXPECT_EQ(c->byte_len, 21u);
+	EXPECT_EQ(buf[0], 1);
+	EXPECT_EQ(buf[8], 2);
+	EXPECT_EQ(buf[20], 3);
+}
+
+TEST_F(WireRcTest, PacketFromAnotherGidThanThePeersIsDropped)
+{
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}, "10.0.0.8"), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rc_rq()), 1u);
+}
+
+TEST_F(WireRcTest, PsnGapIsNotExecuted)
+{
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn + 1, {}, {1, 2, 3}), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rc_rq()), 1u);
+	// The expected PSN is still taken.
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
+}
+
+TEST_F(WireRcTest, DuplicateIsNotExecutedTwice)
+{
+	post_rc_recv();
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::delivered);  // re-ACKed only
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rc_rq()), 1u);
+}
+
+TEST_F(WireRcTest, NoReceiveLeavesThePacketForItsRetry)
+{
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::dropped);  // RNR NAK
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
+	EXPECT_EQ(rc_state(), IBV_QPS_RTR);
+}
+
+TEST_F(WireRcTest, RdmaWriteLandsThroughTheRkey)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x06, kModifyRqPsn, reth(va + 10, rkey, 6), {1, 2, 3, 4}, "10.0.0.7", false),
+		  WireOutcome::delivered);
+	EXPECT_EQ(send_rc(0x08, kModifyRqPsn + 1, {}, {5, 6}), WireOutcome::delivered);
+	EXPECT_EQ(target[10], 1);
+	EXPECT_EQ(target[15], 6);
+	EXPECT_FALSE(completion());  // no immediate: nothing for the responder's CQ
+}
+
+TEST_F(WireRcTest, RdmaWriteWithABadRkeyOrRangeMovesTheQpToError)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x0A, kModifyRqPsn, reth(va, rkey + 1, 4), {1, 2, 3, 4}), WireOutcome::dropped);
+	EXPECT_EQ(target[0], 0);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireRcTest, RdmaWritePastTheMrIsRefused)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x0A, kModifyRqPsn, reth(va + sizeof(target) - 2, rkey, 4), {1, 2, 3, 4}),
+		  WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireRcTest, MiddleWithoutFirstIsAnInvalidRequest)
+{
+	post_rc_recv();
+	EXPECT_EQ(send_rc(0x01, kModifyRqPsn, {}, {1, 2, 3, 4}), WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+std::vector<uint8_t> fetch_add(uint64_t va, uint32_t key, uint64_t add)
+{
+	std::vector<uint8_t> h(w::kAtomicEthBytes);
+	w::encode(w::AtomicEth{va, key, add, 0}, std::span<uint8_t, w::kAtomicEthBytes>(h.data(), w::kAtomicEthBytes));
+	return h;
+}
+
+TEST_F(WireRcTest, DuplicateAtomicIsAnsweredNotExecutedAgain)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	uint64_t counter = 5;
+	std::memcpy(target, &counter, 8);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 8u);
+	// The ATOMIC ACK was lost; the requester sends the same request again.
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 8u) << "a duplicate atomic was executed again";
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn + 1, fetch_add(va, rkey, 3), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 11u);
+}
+
+TEST_F(WireRcTest, UnalignedAtomicIsAnInvalidRequest)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va + 4, rkey, 3), {}), WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireRcTest, ReadConsumesAPsnPerResponse)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	// 3000 bytes at a path MTU of 1024: three responses, PSNs P .. P+2.
+	EXPECT_EQ(send_rc(0x0C, kModifyRqPsn, reth(va, rkey, 3000), {}), WireOutcome::delivered);
+	post_rc_recv();
+	// A PSN inside the READ's is a duplicate: answered, not executed.
+	send_rc(0x04, kModifyRqPsn + 1, {}, {1});
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(recv_count(rc_rq()), 1u);
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn + 3, {}, {1}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
+}
+
+TEST_F(WireRcTest, ReadBeyondTheMrIsARemoteAccessError)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(0x0C, kModifyRqPsn, reth(va, rkey, sizeof(target) + 1), {}), WireOutcome::dropped);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+// An ACK for our QP: dropped until the context registered a response
+// socket (XSRC_CMD_WIRE_RESPONSES), then handed to it, BTH .. pad.
+TEST_F(WireRcTest, ResponsesGoToTheRegisteredSocket)
+{
+	std::vector<uint8_t> aeth(w::kAethBytes);
+	w::encode(w::Aeth{w::aeth::kAck, 1}, std::span<uint8_t, w::kAethBytes>(aeth.data(), w::kAethBytes));
+	ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTS,
+				       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)), 0);
+	EXPECT_EQ(send_rc(0x11, 5, aeth, {}), WireOutcome::dropped);
+	int sv[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	unique_fd ours(sv[0]), theirs(sv[1]);
+	xsrc_wire_responses cmd{0, static_cast<uint32_t>(theirs.get())};
+	ASSERT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), 0);
+	EXPECT_EQ(send_rc(0x11, 5, aeth, {}), WireOutcome::delivered);
+	uint8_t got[64];
+	ASSERT_EQ(recv(ours.get(), got, sizeof(got), MSG_DONTWAIT), ssize_t(w::kBthBytes + w::kAethBytes));
+	w::Bth bth = w::decode_bth(std::span<const uint8_t, w::kBthBytes>(got, w::kBthBytes));
+	EXPECT_EQ(bth.opcode, 0x11);
+	EXPECT_EQ(bth.psn, 5u);
+	// From another GID: not the peer's response.
+	EXPECT_EQ(send_rc(0x11, 6, aeth, {}, "10.0.0.8"), WireOutcome::dropped);
+}
+
+TEST_F(WireRcTest, ResponseSocketMustBeTheCallersSeqpacketSocket)
+{
+	xsrc_wire_responses cmd{1, 0};
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);  // an unknown comp_mask bit
+	cmd = {0, 0x80000000u};
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL);
+	cmd = {0, 1000000};
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EBADF);
+	int dg[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_DGRAM, 0, dg), 0);
+	unique_fd a(dg[0]), b(dg[1]);
+	cmd = {0, static_cast<uint32_t>(a.get())};
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL);
+	int sv[2];
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+	unique_fd c(sv[0]), d(sv[1]);
+	cmd = {0, static_cast<uint32_t>(d.get())};
+	dev.abi_revision = 5;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);
+	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), 0);
+	EXPECT_TRUE(ctx.wire_responses);
 }
 
 }  // namespace

@@ -1,0 +1,958 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// RC and UC requesters on the wire (wire_rc.h), IBTA 9.7 as RoCE v2 carries
+// it: a message is cut into packets of the path MTU (FIRST, MIDDLE, LAST,
+// ONLY), numbered with PSNs. UC sends them and is done. RC keeps each
+// message until the responder acknowledges its last PSN, with a window of
+// packets in flight; ACKs complete messages in order; a PSN sequence NAK
+// or the local ACK timeout (4.096 us * 2^timeout, retry_cnt times) resends
+// from the oldest unacknowledged PSN (go-back-N); an RNR NAK waits its
+// timer (rnr_retry times, 7 = forever); error NAKs and exhausted retries
+// complete with the error and move the QP to ERR.
+//
+// Why here and not in the daemon: the send engine needs the send queue and
+// the local buffers, which are this process's; ACKs are small and few (one
+// per message, and every kAckEvery packets), so handing them over from the
+// daemon costs one datagram each, while a daemon-side requester would cost
+// a command per post and a copy of every byte through the daemon.
+#include "wire_rc.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "peer_memory.h"
+#include "wire/headers.h"
+#include "wire/sender.h"
+#include "xsrc.h"
+
+namespace w = xsrc::wire;
+namespace op = xsrc::wire::op;
+
+namespace {
+
+// Packets in flight before the requester waits for an ACK, and how often
+// within a long message it asks for one (so the window keeps moving).
+constexpr uint32_t kWindow = 256;
+constexpr uint32_t kAckEvery = 64;
+constexpr uint32_t kPsnHalf = 1u << 23;
+constexpr int kRnrRetryForever = 7;
+// The response socket's buffer: a window of responses and more.
+constexpr int kResponseBufferBytes = 1 << 20;
+// Largest response handed to us: headers and a path MTU of payload.
+constexpr size_t kMaxResponse = 4096 + 64;
+
+uint32_t psn_diff(uint32_t a, uint32_t b)
+{
+	return (a - b) & w::kPsnMask;
+}
+
+uint32_t psn_add(uint32_t a, uint32_t n)
+{
+	return (a + n) & w::kPsnMask;
+}
+
+}  // namespace
+
+// One message sent and not yet acknowledged.
+struct xsrc_wire_msg {
+	uint64_t wr_id = 0;
+	ibv_wr_opcode opcode = IBV_WR_SEND;
+	bool signaled = false;
+	bool solicited = false;
+	uint32_t imm = 0;
+	uint64_t remote_addr = 0;
+	uint32_t rkey = 0;
+	uint64_t length = 0;
+	uint64_t compare = 0, swap = 0;  // atomics (swap: the add value of a FetchAdd)
+	uint32_t first_psn = 0;
+	uint32_t packets = 0;            // PSNs it takes (a READ: its responses)
+	uint32_t received = 0;           // READ responses / ATOMIC ACK taken in
+	size_t count = 0;        // iovecs at iov
+	iovec *iov = nullptr;    // the local buffers (storage of the ring)
+	unsigned char *inline_copy = nullptr;
+};
+
+struct xsrc_wire_qp {
+	bool reliable = false;
+	ibv_gid sgid{};
+	uint8_t sgid_index = 0;
+	uint8_t port_num = 1;
+	std::array<uint8_t, 16> dgid{};
+	uint32_t dest_qpn = 0;
+	uint32_t mtu = 1024;
+	const xsrc_wire_socket *socket = nullptr;
+	// RC: messages in flight, oldest first (a ring of max_send_wr + 1).
+	std::vector<xsrc_wire_msg> msgs;
+	std::vector<iovec> iov_store;
+	std::vector<unsigned char> inline_store;
+	size_t head = 0, size = 0;
+	size_t send_index = 0;      // the message send_psn is in (relative to head)
+	uint32_t next_psn = 0;      // where the next new message starts
+	uint32_t send_psn = 0;      // the next PSN to (re)transmit
+	uint32_t una_psn = 0;       // the oldest unacknowledged
+	uint32_t sent_high = 0;     // one past the highest PSN ever sent (ACKs up to it count)
+	uint64_t deadline_ns = 0;   // the local ACK timeout; 0: nothing in flight
+	uint64_t rnr_until_ns = 0;  // an RNR NAK holds the sending until then
+	int retries_left = -1;      // -1: not counting yet
+	int rnr_retries_left = -1;
+
+	xsrc_wire_msg &msg(size_t i) { return msgs[(head + i) % msgs.size()]; }
+};
+
+namespace xsrc {
+
+// The context's response socket and the thread that reads it and runs the
+// RC timers of its QPs.
+class WireEngine {
+public:
+	explicit WireEngine(xsrc_context *ctx) : ctx_(ctx) {}
+	~WireEngine();
+	// Registers the response socket and starts the thread. Returns 0 or errno.
+	int start() noexcept;
+	int add(xsrc_qp *qp) noexcept;
+	void remove(xsrc_qp *qp) noexcept;
+	// A deadline at `at_ns` was set: wake the thread if it sleeps past it.
+	void poke(uint64_t at_ns) noexcept;
+	// Responses that arrived, handled by the caller's thread (poll_cq):
+	// an application that spins on its CQ need not wait for our thread
+	// to be scheduled.
+	void drain(bool wait_for_lock) noexcept;
+	// Messages in flight over all our QPs.
+	std::atomic<uint64_t> in_flight{0};
+
+private:
+	static void *thread_main(void *self) noexcept;
+	void run() noexcept;
+	void handle(const uint8_t *bytes, size_t len) noexcept;
+	uint64_t timers(uint64_t now) noexcept;
+
+	xsrc_context *ctx_;
+	std::mutex lock_;              // qps_, and each QP's life while handled
+	std::mutex recv_lock_;         // one reader of responses_ at a time
+	std::vector<xsrc_qp *> qps_;   // our RC QPs on the wire
+	unique_fd responses_;          // our end of the pair
+	unique_fd wake_;               // eventfd: a deadline sooner than our sleep
+	std::atomic<uint64_t> sleep_until_{0};
+	std::atomic<bool> stop_{false};
+	bool started_ = false;
+	pthread_t thread_{};
+};
+
+void WireEngineDeleter::operator()(WireEngine *engine) const noexcept
+{
+	delete engine;
+}
+
+}  // namespace xsrc
+
+namespace {
+
+using Result = xsrc_attempt_result;
+
+bool wqe_has_imm(ibv_wr_opcode o)
+{
+	return o == IBV_WR_SEND_WITH_IMM || o == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+bool wqe_is_write(ibv_wr_opcode o)
+{
+	return o == IBV_WR_RDMA_WRITE || o == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+bool wqe_is_atomic(ibv_wr_opcode o)
+{
+	return o == IBV_WR_ATOMIC_CMP_AND_SWP || o == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+
+// Requests the responder answers with data: READ responses, ATOMIC ACK.
+bool wqe_wants_data(ibv_wr_opcode o)
+{
+	return o == IBV_WR_RDMA_READ || wqe_is_atomic(o);
+}
+
+uint32_t packets_of(uint64_t length, uint32_t mtu)
+{
+	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
+}
+
+// The opcode of packet `k` of `packets` of a message.
+uint8_t packet_opcode(bool reliable, ibv_wr_opcode o, uint32_t k, uint32_t packets)
+{
+	bool first = k == 0, last = k + 1 == packets, imm = wqe_has_imm(o);
+	uint8_t code;
+	if (wqe_is_write(o))
+		code = first && last ? (imm ? op::kWriteOnlyImm : op::kWriteOnly)
+		       : first       ? op::kWriteFirst
+		       : last        ? (imm ? op::kWriteLastImm : op::kWriteLast)
+				     : op::kWriteMiddle;
+	else
+		code = first && last ? (imm ? op::kSendOnlyImm : op::kSendOnly)
+		       : first       ? op::kSendFirst
+		       : last        ? (imm ? op::kSendLastImm : op::kSendLast)
+				     : op::kSendMiddle;
+	return static_cast<uint8_t>((reliable ? w::Transport::rc : w::Transport::uc)) | code;
+}
+
+// A READ request for the responses from `k` on, or an atomic request.
+void send_request(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+{
+	std::array<uint8_t, w::kBthBytes + w::kAtomicEthBytes> hdr{};
+	w::Bth bth;
+	bth.dest_qpn = wq.dest_qpn;
+	bth.ack_req = true;
+	bth.psn = psn;
+	size_t n = w::kBthBytes;
+	if (m.opcode == IBV_WR_RDMA_READ) {
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kReadRequest;
+		uint64_t offset = std::min<uint64_t>(uint64_t(k) * wq.mtu, m.length);
+		w::encode(w::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(m.length - offset)},
+			  std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
+		n += w::kRethBytes;
+	} else {
+		bool cmp = m.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | (cmp ? op::kCmpSwap : op::kFetchAdd);
+		w::encode(w::AtomicEth{m.remote_addr, m.rkey, cmp ? m.swap : m.compare, cmp ? m.compare : 0},
+			  std::span<uint8_t, w::kAtomicEthBytes>(hdr.data() + n, w::kAtomicEthBytes));
+		n += w::kAtomicEthBytes;
+	}
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, nullptr, 0, 0);
+}
+
+// Sends packet `k` of message `m` with PSN `psn`.
+void send_one(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+{
+	uint64_t offset = uint64_t(k) * wq.mtu;
+	uint64_t len = std::min<uint64_t>(wq.mtu, m.length - std::min(m.length, offset));
+	bool first = k == 0, last = k + 1 == m.packets;
+	std::array<uint8_t, w::kBthBytes + w::kRethBytes + w::kImmDtBytes> hdr{};
+	w::Bth bth;
+	bth.opcode = packet_opcode(wq.reliable, m.opcode, k, m.packets);
+	bth.solicited = last && m.solicited;
+	bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+	bth.dest_qpn = wq.dest_qpn;
+	bth.ack_req = wq.reliable && (last || psn % kAckEvery == kAckEvery - 1);
+	bth.psn = psn;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	size_t n = w::kBthBytes;
+	if (first && wqe_is_write(m.opcode)) {
+		w::encode(w::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)},
+			  std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
+		n += w::kRethBytes;
+	}
+	if (last && wqe_has_imm(m.opcode)) {
+		w::encode(w::ImmDt{m.imm}, std::span<uint8_t, w::kImmDtBytes>(hdr.data() + n, w::kImmDtBytes));
+		n += w::kImmDtBytes;
+	}
+	std::array<iovec, XSRC_MAX_RECV_SGE> payload;
+	size_t np = len ? xsrc_peer_iov_slice(m.iov, m.count, offset, len, payload.data()) : 0;
+	// A packet the network cannot take is lost: RC's timer resends it.
+	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, payload.data(), np, len);
+}
+
+uint64_t ack_timeout_ns(const xsrc_qp *qp)
+{
+	return xsrc_requester_ack_timeout_ns(qp->entry->timeout);
+}
+
+// Sends what the window allows from send_psn on; arms the ACK timer.
+void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
+{
+	if (wq.rnr_until_ns && now < wq.rnr_until_ns)
+		return;
+	wq.rnr_until_ns = 0;
+	while (wq.send_psn != wq.next_psn && psn_diff(wq.send_psn, wq.una_psn) < kWindow &&
+	       wq.send_index < wq.size) {
+		xsrc_wire_msg &m = wq.msg(wq.send_index);
+		uint32_t k = psn_diff(wq.send_psn, m.first_psn);
+		if (wqe_wants_data(m.opcode)) {
+			// One request covers the responses still missing.
+			send_request(wq, m, k, wq.send_psn);
+			wq.send_psn = psn_add(m.first_psn, m.packets);
+			++wq.send_index;
+			if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
+				wq.sent_high = wq.send_psn;
+			continue;
+		}
+		send_one(wq, m, k, wq.send_psn);
+		wq.send_psn = psn_add(wq.send_psn, 1);
+		if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
+			wq.sent_high = wq.send_psn;
+		if (k + 1 == m.packets)
+			++wq.send_index;
+	}
+	if (wq.size && !wq.deadline_ns)
+		wq.deadline_ns = now + ack_timeout_ns(qp);
+}
+
+// Back to the oldest unacknowledged PSN (go-back-N).
+void rewind(xsrc_wire_qp &wq)
+{
+	wq.send_psn = wq.una_psn;
+	wq.send_index = 0;
+}
+
+// The oldest message leaves the ring.
+void pop_msg(xsrc_context *ctx, xsrc_wire_qp &wq)
+{
+	wq.head = (wq.head + 1) % wq.msgs.size();
+	--wq.size;
+	ctx->wire_engine->in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void complete_msg(xsrc_context *ctx, xsrc_qp *qp, const xsrc_wire_msg &m, ibv_wc_status status)
+{
+	xsrc_requester_complete_later(ctx, qp, m.wr_id, m.opcode, m.signaled, status,
+				      status == IBV_WC_SUCCESS ? static_cast<uint32_t>(m.length) : 0);
+}
+
+// Progress: the ACK timer starts over (nothing in flight: off), the retry
+// count too. Whoever changed the state sends more or returns; the timer
+// stays armed either way, so a QP with messages in flight is never left
+// without one.
+void rearm(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq)
+{
+	wq.retries_left = -1;
+	wq.deadline_ns = wq.size ? xsrc_requester_now_ns() + ack_timeout_ns(qp) : 0;
+	if (wq.deadline_ns)
+		ctx->wire_engine->poke(wq.deadline_ns);
+}
+
+// Every message whose last PSN is at or before `psn` is done.
+void ack_through(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn)
+{
+	// Only a PSN we sent counts: [una, sent_high); after a go-back the
+	// first sends may still be acknowledged.
+	uint32_t ahead = psn_diff(psn, wq.una_psn);
+	if (ahead >= psn_diff(wq.sent_high, wq.una_psn))
+		return;
+	bool progressed = false;
+	while (wq.size) {
+		xsrc_wire_msg &m = wq.msg(0);
+		uint32_t last = psn_add(m.first_psn, m.packets - 1);
+		if (psn_diff(psn, last) >= kPsnHalf)
+			break;
+		if (wqe_wants_data(m.opcode)) {
+			// The responder went past a READ or atomic whose answer we did
+			// not get (lost): ask again from the first missing response.
+			wq.una_psn = psn_add(m.first_psn, m.received);
+			rewind(wq);
+			rearm(ctx, qp, wq);
+			return;
+		}
+		complete_msg(ctx, qp, m, IBV_WC_SUCCESS);
+		pop_msg(ctx, wq);
+		if (wq.send_index)
+			--wq.send_index;
+		progressed = true;
+	}
+	wq.una_psn = psn_add(psn, 1);
+	// Never past the first response a READ or atomic still waits for: the
+	// responses after a lost one are not acknowledgements of it.
+	if (wq.size && wqe_wants_data(wq.msg(0).opcode)) {
+		const xsrc_wire_msg &m = wq.msg(0);
+		uint32_t missing = psn_add(m.first_psn, m.received);
+		if (psn_diff(wq.una_psn, m.first_psn) > m.received)
+			wq.una_psn = missing;
+	}
+	if (psn_diff(wq.send_psn, wq.una_psn) >= kPsnHalf)
+		rewind(wq);
+	// Progress: the timer starts over, and so do the retry counts.
+	rearm(ctx, qp, wq);
+	if (progressed)
+		wq.rnr_retries_left = -1;
+}
+
+// The head message ends with `status`; the QP goes to error; every other
+// message and queued WQE is flushed.
+void fail_head(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, ibv_wc_status status)
+{
+	xsrc::qp_state_store(*qp->entry, IBV_QPS_ERR);
+	if (wq.size) {
+		complete_msg(ctx, qp, wq.msg(0), status);
+		pop_msg(ctx, wq);
+	}
+	xsrc_wire_qp_flush(qp, false);
+	xsrc_requester_flush(qp);
+}
+
+// A response from the responder (under sq_lock).
+void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth &bth, const w::Aeth &aeth,
+		 uint64_t now)
+{
+	if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR || !wq.size)
+		return;
+	uint32_t psn = bth.psn;
+	switch (aeth.syndrome >> 5) {
+	case 0:  // ACK
+		ack_through(ctx, qp, wq, psn);
+		break;
+	case 1: {  // RNR NAK: the packet at psn found no receive
+		ack_through(ctx, qp, wq, psn_add(psn, w::kPsnMask));  // psn - 1
+		if (psn != wq.una_psn)
+			return;  // stale
+		if (wq.rnr_retries_left < 0)
+			wq.rnr_retries_left = qp->entry->rnr_retry;
+		if (wq.rnr_retries_left != kRnrRetryForever && wq.rnr_retries_left-- == 0) {
+			fail_head(ctx, qp, wq, IBV_WC_RNR_RETRY_EXC_ERR);
+			return;
+		}
+		rewind(wq);
+		wq.rnr_until_ns = now + xsrc_requester_rnr_delay_ns(aeth.syndrome & 0x1F);
+		wq.deadline_ns = wq.rnr_until_ns + ack_timeout_ns(qp);
+		return;
+	}
+	case 3: {  // NAK
+		ack_through(ctx, qp, wq, psn_add(psn, w::kPsnMask));
+		if (psn != wq.una_psn)
+			return;  // stale
+		switch (aeth.syndrome & 0x1F) {
+		case 0:  // PSN sequence error: go back
+			rewind(wq);
+			break;
+		case 1:
+			fail_head(ctx, qp, wq, IBV_WC_REM_INV_REQ_ERR);
+			return;
+		case 2:
+			fail_head(ctx, qp, wq, IBV_WC_REM_ACCESS_ERR);
+			return;
+		default:
+			fail_head(ctx, qp, wq, IBV_WC_REM_OP_ERR);
+			return;
+		}
+		break;
+	}
+	default:
+		return;  // reserved
+	}
+	pump(qp, wq, now);
+}
+
+// Bytes of a response after its headers, before its pad.
+std::span<const uint8_t> response_payload(const uint8_t *bytes, size_t len, const w::Bth &bth)
+{
+	size_t headers = w::header_bytes(bth.opcode);
+	if (!headers || len < headers + bth.pad)
+		return {};
+	return {bytes + headers, len - headers - bth.pad};
+}
+
+// Copies `data` into the message's local buffers at `offset`.
+void place(const xsrc_wire_msg &m, uint64_t offset, std::span<const uint8_t> data)
+{
+	std::array<iovec, XSRC_MAX_RECV_SGE> out;
+	size_t n = xsrc_peer_iov_slice(m.iov, m.count, offset, data.size(), out.data());
+	size_t at = 0;
+	for (size_t i = 0; i < n; ++i) {
+		std::memcpy(out[i].iov_base, data.data() + at, out[i].iov_len);
+		at += out[i].iov_len;
+	}
+}
+
+// A READ response or ATOMIC ACK (under sq_lock): the data lands in the
+// head message's buffers, in PSN order; anything else is dropped.
+void on_data_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth &bth,
+		      std::span<const uint8_t> bytes, uint64_t now)
+{
+	if (xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR || !wq.size)
+		return;
+	// Responses imply the ACK of every earlier request.
+	ack_through(ctx, qp, wq, psn_add(bth.psn, w::kPsnMask));
+	if (!wq.size || bth.psn != wq.una_psn)
+		return;  // a duplicate or out of order: the timer asks again
+	xsrc_wire_msg &m = wq.msg(0);
+	uint32_t k = psn_diff(bth.psn, m.first_psn);
+	uint8_t o = bth.opcode & 0x1F;
+	bool is_read = o >= op::kReadResponseFirst && o <= op::kReadResponseOnly;
+	if (!wqe_wants_data(m.opcode) || k >= m.packets || is_read != (m.opcode == IBV_WR_RDMA_READ) ||
+	    k != m.received)
+		return;
+	std::span<const uint8_t> payload = response_payload(bytes.data(), bytes.size(), bth);
+	if (is_read) {
+		uint64_t offset = uint64_t(k) * wq.mtu;
+		if (offset > m.length || payload.size() > m.length - offset)
+			return;
+		place(m, offset, payload);
+	} else {
+		size_t at = w::kBthBytes + w::kAethBytes;
+		if (bytes.size() < at + w::kAtomicAckEthBytes)
+			return;
+		uint64_t original =
+			w::decode_atomic_ack_eth(std::span<const uint8_t, w::kAtomicAckEthBytes>(bytes.data() + at,
+											   w::kAtomicAckEthBytes))
+				.original;
+		place(m, 0, {reinterpret_cast<const uint8_t *>(&original), sizeof(original)});
+	}
+	++m.received;
+	wq.una_psn = psn_add(bth.psn, 1);
+	rearm(ctx, qp, wq);
+	if (m.received == m.packets) {
+		complete_msg(ctx, qp, m, IBV_WC_SUCCESS);
+		pop_msg(ctx, wq);
+		if (wq.send_index)
+			--wq.send_index;
+	}
+	if (psn_diff(wq.send_psn, wq.una_psn) >= kPsnHalf)
+		rewind(wq);
+	pump(qp, wq, now);
+}
+
+// The local ACK timer (under sq_lock). Returns the next time it is due, 0: none.
+uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
+{
+	if (!wq.size || xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
+		wq.deadline_ns = 0;
+		return 0;
+	}
+	if (wq.rnr_until_ns) {
+		if (now < wq.rnr_until_ns)
+			return wq.rnr_until_ns;
+		pump(qp, wq, now);  // the RNR wait is over: resend
+		return wq.deadline_ns;
+	}
+	if (!wq.deadline_ns)
+		pump(qp, wq, now);
+	if (now < wq.deadline_ns)
+		return wq.deadline_ns;
+	if (wq.retries_left < 0)
+		wq.retries_left = qp->entry->retry_cnt;
+	if (wq.retries_left-- == 0) {
+		fail_head(ctx, qp, wq, IBV_WC_RETRY_EXC_ERR);
+		return 0;
+	}
+	rewind(wq);
+	wq.deadline_ns = 0;
+	pump(qp, wq, now);
+	return wq.deadline_ns;
+}
+
+// The GID at `index` of the QP's port and the interface it is on.
+bool source_gid(ibv_context *ibctx, uint8_t port, uint8_t index, ibv_gid &gid, uint32_t &ifindex)
+{
+	ibv_gid_entry entry{};
+	if (ibv_query_gid_ex(ibctx, port, index, &entry, 0))
+		return false;
+	gid = entry.gid;
+	ifindex = entry.ndev_ifindex;
+	return true;
+}
+
+// XSRC_CMD_WIRE_RESPONSES: the daemon takes `fd`. Returns 0 or errno.
+int register_responses(xsrc_context *ctx, int fd)
+{
+#if XSRC_DRIVER_ABI_REVISION >= 8
+	struct {
+		ib_uverbs_cmd_hdr hdr;
+		xsrc_wire_responses body;
+	} cmd{};
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_WIRE_RESPONSES, sizeof(cmd), 0);
+	cmd.body.fd = static_cast<uint32_t>(fd);
+	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
+	return n == static_cast<ssize_t>(sizeof(cmd)) ? 0 : (n < 0 ? errno : EIO);
+#else
+	// A provider built against an older driver ABI: no RC on the wire.
+	(void)ctx;
+	(void)fd;
+	return EOPNOTSUPP;
+#endif
+}
+
+}  // namespace
+
+namespace xsrc {
+
+WireEngine::~WireEngine()
+{
+	if (!started_)
+		return;
+	stop_ = true;
+	uint64_t one = 1;
+	if (write(wake_.get(), &one, sizeof(one)) < 0) {
+		// Only an overflowing counter fails; the thread wakes anyway.
+	}
+	pthread_join(thread_, nullptr);
+}
+
+int WireEngine::start() noexcept
+{
+	std::lock_guard guard(lock_);
+	if (started_)
+		return 0;
+	int sv[2];
+	// Sequenced packets: a response is one message, and the daemon's
+	// non-blocking send fails (the response is lost) rather than waits
+	// when we fall behind.
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+		return errno;
+	unique_fd ours(sv[0]), theirs(sv[1]);
+	int bytes = kResponseBufferBytes;
+	setsockopt(ours.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+	setsockopt(theirs.get(), SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+	wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+	if (!wake_)
+		return errno;
+	if (int err = register_responses(ctx_, theirs.get())) {
+		verbs_err(&ctx_->ibv_ctx, "the device refused our RoCE response socket: %s\n", strerror(err));
+		return err;
+	}
+	responses_ = std::move(ours);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(&thread_, nullptr, thread_main, this);
+	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	if (err) {
+		verbs_err(&ctx_->ibv_ctx, "cannot start the RoCE response thread: %s\n", strerror(err));
+		return err;
+	}
+	started_ = true;
+	return 0;
+}
+
+int WireEngine::add(xsrc_qp *qp) noexcept
+{
+	std::lock_guard guard(lock_);
+	if (std::find(qps_.begin(), qps_.end(), qp) != qps_.end())
+		return 0;
+	try {
+		qps_.push_back(qp);
+	} catch (const std::bad_alloc &) {
+		return ENOMEM;
+	}
+	return 0;
+}
+
+void WireEngine::remove(xsrc_qp *qp) noexcept
+{
+	std::lock_guard guard(lock_);
+	std::erase(qps_, qp);
+}
+
+void WireEngine::poke(uint64_t at_ns) noexcept
+{
+	if (at_ns >= sleep_until_.load(std::memory_order_acquire))
+		return;
+	uint64_t one = 1;
+	if (write(wake_.get(), &one, sizeof(one)) < 0) {
+		// Full counter: a wake is pending already.
+	}
+}
+
+void WireEngine::drain(bool wait_for_lock) noexcept
+{
+	std::unique_lock guard(recv_lock_, std::defer_lock);
+	if (wait_for_lock)
+		guard.lock();
+	else if (!guard.try_lock())
+		return;  // someone is at it
+	std::array<uint8_t, kMaxResponse> buf;
+	for (;;) {
+		ssize_t got = recv(responses_.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+		if (got <= 0)
+			return;
+		handle(buf.data(), static_cast<size_t>(got));
+	}
+}
+
+void *WireEngine::thread_main(void *self) noexcept
+{
+	static_cast<WireEngine *>(self)->run();
+	return nullptr;
+}
+
+void WireEngine::handle(const uint8_t *bytes, size_t len) noexcept
+{
+	if (len < w::kBthBytes + w::kAethBytes)
+		return;
+	w::Bth bth = w::decode_bth(std::span<const uint8_t, w::kBthBytes>(bytes, w::kBthBytes));
+	uint8_t o = bth.opcode & 0x1F;
+	if (o < op::kReadResponseFirst || o > op::kAtomicAcknowledge)
+		return;
+	w::Aeth aeth = w::decode_aeth(std::span<const uint8_t, w::kAethBytes>(bytes + w::kBthBytes, w::kAethBytes));
+	std::lock_guard guard(lock_);
+	for (xsrc_qp *qp : qps_) {
+		if (qp->qpn.value() != bth.dest_qpn || !qp->wire)
+			continue;
+		std::lock_guard sq(qp->sq_lock);
+		// A READ response with a NAK syndrome is a NAK (IBTA 9.7.5.2).
+		bool nak = o != op::kReadResponseMiddle && (aeth.syndrome >> 5) != 0;
+		if (o == op::kAcknowledge || nak)
+			on_response(ctx_, qp, *qp->wire, bth, aeth, xsrc_requester_now_ns());
+		else
+			on_data_response(ctx_, qp, *qp->wire, bth, {bytes, len}, xsrc_requester_now_ns());
+		return;
+	}
+}
+
+uint64_t WireEngine::timers(uint64_t now) noexcept
+{
+	uint64_t next = UINT64_MAX;
+	std::lock_guard guard(lock_);
+	for (xsrc_qp *qp : qps_) {
+		std::lock_guard sq(qp->sq_lock);
+		if (!qp->wire)
+			continue;
+		uint64_t due = qp->wire->rnr_until_ns ? qp->wire->rnr_until_ns : qp->wire->deadline_ns;
+		if (!due)
+			continue;
+		if (due <= now)
+			due = on_timer(ctx_, qp, *qp->wire, now);
+		if (due)
+			next = std::min(next, due);
+	}
+	return next;
+}
+
+void WireEngine::run() noexcept
+{
+	while (!stop_.load()) {
+		uint64_t now = xsrc_requester_now_ns();
+		uint64_t next = timers(now);
+		// Deadlines set from now on that are sooner than `next` wake us.
+		sleep_until_.store(next, std::memory_order_release);
+		now = xsrc_requester_now_ns();
+		if (next != UINT64_MAX) {
+			// A deadline set between timers() and the store: look again.
+			next = std::min(next, timers(now));
+			sleep_until_.store(next, std::memory_order_release);
+		}
+		timespec ts{}, *timeout = nullptr;
+		if (next != UINT64_MAX) {
+			uint64_t wait = next > now ? next - now : 0;
+			ts.tv_sec = static_cast<time_t>(wait / 1000000000ull);
+			ts.tv_nsec = static_cast<long>(wait % 1000000000ull);
+			timeout = &ts;
+		}
+		pollfd fds[2] = {{responses_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+		int n = ppoll(fds, 2, timeout, nullptr);
+		sleep_until_.store(0, std::memory_order_release);
+		if (n < 0 && errno != EINTR)
+			return;
+		if (fds[1].revents & POLLIN) {
+			uint64_t count;
+			if (read(wake_.get(), &count, sizeof(count)) < 0) {
+				// Already drained.
+			}
+		}
+		if (fds[0].revents & (POLLHUP | POLLERR))
+			return;  // the daemon is gone: device_death.cpp fails the QPs
+		drain(true);
+	}
+}
+
+}  // namespace xsrc
+
+int xsrc_wire_prepare(xsrc_qp *qp) noexcept
+{
+	if (qp->type != IBV_QPT_RC)
+		return 0;
+	xsrc_context *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	{
+		std::lock_guard guard(ctx->progress_lock);
+		if (!ctx->wire_engine)
+			ctx->wire_engine.reset(new (std::nothrow) xsrc::WireEngine(ctx));
+	}
+	if (!ctx->wire_engine)
+		return ENOMEM;
+	return ctx->wire_engine->start();
+}
+
+int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noexcept
+{
+	xsrc_context *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC)
+		return 0;
+	if (attr_mask & IBV_QP_AV) {
+		if (!qp->wire) {
+			qp->wire = new (std::nothrow) xsrc_wire_qp;
+			if (!qp->wire)
+				return ENOMEM;
+		}
+		xsrc_wire_qp &wq = *qp->wire;
+		wq.reliable = qp->type == IBV_QPT_RC;
+		uint32_t ifindex = 0;
+		wq.port_num = attr.ah_attr.port_num ? attr.ah_attr.port_num : 1;
+		wq.sgid_index = attr.ah_attr.grh.sgid_index;
+		std::memcpy(wq.dgid.data(), attr.ah_attr.grh.dgid.raw, wq.dgid.size());
+		std::array<uint8_t, 16> sgid{};
+		// A path no packet can take (no such source GID, an IPv4 source and
+		// an IPv6 destination, an address gone) is a peer nobody reaches:
+		// RC retries, then IBV_WC_RETRY_EXC_ERR; UC loses its messages.
+		wq.socket = nullptr;
+		if (!source_gid(&ctx->ibv_ctx.context, wq.port_num, wq.sgid_index, wq.sgid, ifindex)) {
+			verbs_warn(&ctx->ibv_ctx, "modify_qp: QP %u: no source GID at index %u: its peer is unreachable\n",
+				   qp->qpn.value(), wq.sgid_index);
+		} else if (std::memcpy(sgid.data(), wq.sgid.raw, sgid.size());
+			   w::gid_is_ipv4_mapped(sgid) != w::gid_is_ipv4_mapped(wq.dgid)) {
+			verbs_warn(&ctx->ibv_ctx,
+				   "modify_qp: QP %u: source and destination GIDs are of different IP families: its peer is unreachable\n",
+				   qp->qpn.value());
+		} else if (!(wq.socket = ctx->wire.socket_for(sgid, ifindex))) {
+			verbs_warn(&ctx->ibv_ctx, "modify_qp: QP %u: no UDP socket for the source GID (%s): its peer is unreachable\n",
+				   qp->qpn.value(), strerror(errno));
+		}
+		if (wq.reliable) {
+			size_t slots = size_t(qp->max_send_wr) + 1;
+			size_t inline_bytes = std::max<uint32_t>(qp->max_inline_data, 1);
+			try {
+				wq.msgs.assign(slots, {});
+				wq.iov_store.assign(slots * XSRC_MAX_RECV_SGE, {});
+				wq.inline_store.assign(slots * inline_bytes, 0);
+			} catch (const std::bad_alloc &) {
+				return ENOMEM;
+			}
+			for (size_t i = 0; i < slots; ++i) {
+				wq.msgs[i].iov = &wq.iov_store[i * XSRC_MAX_RECV_SGE];
+				wq.msgs[i].inline_copy = &wq.inline_store[i * inline_bytes];
+			}
+			if (int err = xsrc_wire_prepare(qp))
+				return err;
+			if (int err = ctx->wire_engine->add(qp))
+				return err;
+			ctx->wire_live.store(ctx->wire_engine.get(), std::memory_order_release);
+		}
+	}
+	if (!qp->wire)
+		return 0;
+	std::lock_guard sq(qp->sq_lock);
+	xsrc_wire_qp &wq = *qp->wire;
+	if (attr_mask & IBV_QP_DEST_QPN)
+		wq.dest_qpn = attr.dest_qp_num & w::kQpnMask;
+	if (attr_mask & IBV_QP_PATH_MTU)
+		wq.mtu = std::min<uint32_t>(128u << attr.path_mtu, ctx->port_mtu_bytes);
+	if (attr_mask & IBV_QP_SQ_PSN)
+		wq.next_psn = wq.send_psn = wq.una_psn = wq.sent_high = attr.sq_psn & w::kPsnMask;
+	return 0;
+}
+
+xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
+{
+	if (!qp->wire || !qp->wire->socket)
+		return qp->type == IBV_QPT_RC ? Result::unreachable() : Result::dropped();
+	xsrc_wire_qp &wq = *qp->wire;
+	switch (wqe.opcode) {
+	case IBV_WR_SEND:
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		break;
+	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		if (wq.reliable)
+			break;
+		[[fallthrough]];
+	default:
+		verbs_err(&ctx->ibv_ctx, "post_send: QP %u: opcode %d does not cross hosts yet\n", qp->qpn.value(),
+			  wqe.opcode);
+		return Result::failed(IBV_WC_LOC_QP_OP_ERR);
+	}
+	xsrc_local_buffers local;
+	// READ and atomics write into the local buffers.
+	if (!xsrc_peer_local_buffers(ctx, qp, wqe, wqe_wants_data(wqe.opcode), local))
+		return Result::failed(IBV_WC_LOC_PROT_ERR);
+	if (local.total > UINT32_MAX || (wqe_is_atomic(wqe.opcode) && local.total != 8))
+		return Result::failed(IBV_WC_LOC_LEN_ERR);
+
+	xsrc_wire_msg m;
+	m.wr_id = wqe.wr_id;
+	m.opcode = wqe.opcode;
+	m.signaled = qp->sq_sig_all || (wqe.flags & IBV_SEND_SIGNALED);
+	m.solicited = wqe.flags & IBV_SEND_SOLICITED;
+	m.imm = wqe.imm_data;
+	m.remote_addr = wqe.remote_addr;
+	m.rkey = wqe.rkey.value();
+	m.length = local.total;
+	m.compare = wqe.compare_add;
+	m.swap = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? wqe.compare_add : wqe.swap;
+	m.packets = wqe_is_atomic(wqe.opcode) ? 1 : packets_of(local.total, wq.mtu);
+	m.first_psn = wq.next_psn;
+
+	if (!wq.reliable) {
+		// UC: out it goes; nobody acknowledges it.
+		m.iov = local.iov.data();
+		m.count = local.count;
+		for (uint32_t k = 0; k < m.packets; ++k)
+			send_one(wq, m, k, psn_add(m.first_psn, k));
+		wq.next_psn = psn_add(wq.next_psn, m.packets);
+		return Result::done(local.total);
+	}
+
+	if (wq.size + 1 >= wq.msgs.size()) {
+		verbs_err(&ctx->ibv_ctx, "post_send: QP %u: more messages in flight than max_send_wr\n",
+			  qp->qpn.value());
+		return Result::failed(IBV_WC_LOC_QP_OP_ERR);
+	}
+	xsrc_wire_msg &slot = wq.msg(wq.size);
+	iovec *iov = slot.iov;
+	unsigned char *inline_copy = slot.inline_copy;
+	slot = m;
+	slot.iov = iov;
+	slot.inline_copy = inline_copy;
+	if (wqe.flags & IBV_SEND_INLINE) {
+		// The inline bytes live in the send queue's slot, which the next
+		// post reuses: keep our own copy until the ACK.
+		size_t at = 0;
+		for (size_t i = 0; i < local.count; ++i) {
+			std::memcpy(inline_copy + at, local.iov[i].iov_base, local.iov[i].iov_len);
+			at += local.iov[i].iov_len;
+		}
+		iov[0] = {inline_copy, at};
+		slot.count = at ? 1 : 0;
+	} else {
+		std::copy_n(local.iov.begin(), local.count, iov);
+		slot.count = local.count;
+	}
+	++wq.size;
+	ctx->wire_engine->in_flight.fetch_add(1, std::memory_order_relaxed);
+	wq.next_psn = psn_add(wq.next_psn, m.packets);
+	bool was_idle = !wq.deadline_ns;
+	pump(qp, wq, xsrc_requester_now_ns());
+	if (was_idle && wq.deadline_ns)
+		ctx->wire_engine->poke(wq.deadline_ns);
+	return Result::posted();
+}
+
+void xsrc_wire_qp_flush(xsrc_qp *qp, bool forget) noexcept
+{
+	if (!qp->wire)
+		return;
+	xsrc_context *ctx = to_xsrc_ctx(qp->vqp.qp.context);
+	xsrc_wire_qp &wq = *qp->wire;
+	while (wq.size) {
+		if (!forget)
+			complete_msg(ctx, qp, wq.msg(0), IBV_WC_WR_FLUSH_ERR);
+		pop_msg(ctx, wq);
+	}
+	wq.send_index = 0;
+	wq.send_psn = wq.una_psn = wq.sent_high = wq.next_psn;
+	wq.deadline_ns = wq.rnr_until_ns = 0;
+	wq.retries_left = wq.rnr_retries_left = -1;
+}
+
+void xsrc_wire_qp_destroy(xsrc_context *ctx, xsrc_qp *qp) noexcept
+{
+	if (ctx->wire_engine)
+		ctx->wire_engine->remove(qp);
+	delete qp->wire;
+	qp->wire = nullptr;
+}
+
+void xsrc_wire_poll(xsrc_context *ctx) noexcept
+{
+	xsrc::WireEngine *engine = ctx->wire_live.load(std::memory_order_acquire);
+	if (engine && engine->in_flight.load(std::memory_order_relaxed))
+		engine->drain(false);
+}

@@ -1,0 +1,548 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// RC across two hosts on the wire, what the pingpongs do not exercise: RDMA
+// WRITE and WRITE with immediate from 1 byte to 1 MiB (FIRST/MIDDLE/LAST at
+// the path MTU, the data checked on the responder), SEND with immediate,
+// RDMA READ (checked at the requester), FetchAdd and CmpSwap (originals and
+// the final value exact),
+// and the errors: an rkey the responder does not know (IBV_WC_REM_ACCESS_ERR,
+// both QPs in ERR, the next request flushed), a write past the MR's end, an
+// RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
+// late receive ends. The two sides talk over TCP; each scenario gets a fresh
+// QP pair.
+//   rc_wire_verbs server PORT GID_INDEX [data]
+//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data]
+// Exit status 0 when every check passed; each failure is printed.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness/completions.h"
+#include "harness/qp_connect.h"
+
+namespace h = xsrc::harness;
+using namespace std::chrono_literals;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string &what)
+{
+	if (!ok) {
+		std::printf("FAIL: %s\n", what.c_str());
+		++failures;
+	}
+}
+
+// --- TCP control channel ------------------------------------------------------
+
+bool write_all(int fd, const void *p, size_t n)
+{
+	auto *b = static_cast<const char *>(p);
+	while (n) {
+		ssize_t k = write(fd, b, n);
+		if (k <= 0)
+			return false;
+		b += k;
+		n -= size_t(k);
+	}
+	return true;
+}
+
+bool read_all(int fd, void *p, size_t n)
+{
+	auto *b = static_cast<char *>(p);
+	while (n) {
+		ssize_t k = read(fd, b, n);
+		if (k <= 0)
+			return false;
+		b += k;
+		n -= size_t(k);
+	}
+	return true;
+}
+
+template <typename T>
+void send_msg(int fd, const T &v)
+{
+	if (!write_all(fd, &v, sizeof(v))) {
+		std::printf("FAIL: control channel write\n");
+		std::exit(1);
+	}
+}
+
+template <typename T>
+T recv_msg(int fd)
+{
+	T v{};
+	if (!read_all(fd, &v, sizeof(v))) {
+		std::printf("FAIL: control channel read\n");
+		std::exit(1);
+	}
+	return v;
+}
+
+int listen_once(const char *port)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	sockaddr_in a{};
+	a.sin_family = AF_INET;
+	a.sin_port = htons(static_cast<uint16_t>(std::atoi(port)));
+	if (bind(s, reinterpret_cast<sockaddr *>(&a), sizeof(a)) || listen(s, 1))
+		return -1;
+	int c = accept(s, nullptr, nullptr);
+	close(s);
+	return c;
+}
+
+int connect_to(const char *host, const char *port)
+{
+	addrinfo hints{}, *res = nullptr;
+	hints.ai_family = AF_INET;
+	hints.ai_socktype = SOCK_STREAM;
+	if (getaddrinfo(host, port, &hints, &res))
+		return -1;
+	int s = socket(res->ai_family, res->ai_socktype, 0);
+	for (int i = 0; i < 100; ++i) {
+		if (connect(s, res->ai_addr, res->ai_addrlen) == 0) {
+			freeaddrinfo(res);
+			return s;
+		}
+		std::this_thread::sleep_for(100ms);
+	}
+	freeaddrinfo(res);
+	return -1;
+}
+
+// --- verbs --------------------------------------------------------------------
+
+constexpr size_t kBuf = (1u << 20) + 4096;
+// The atomics' counter: past the largest transfer.
+constexpr size_t kCounterOffset = (1u << 20) + 64;
+
+// What each side tells the other about a fresh QP.
+struct Endpoint {
+	uint32_t qpn;
+	uint8_t gid[16];
+	uint64_t addr;
+	uint32_t rkey;
+	uint32_t length;
+};
+
+struct Side {
+	ibv_context *ctx = nullptr;
+	ibv_pd *pd = nullptr;
+	ibv_cq *cq = nullptr;
+	ibv_qp *qp = nullptr;
+	ibv_mr *mr = nullptr;
+	std::vector<uint8_t> buf = std::vector<uint8_t>(kBuf);
+	uint8_t gid_index = 1;
+};
+
+void open_side(Side &s, uint8_t gid_index)
+{
+	int n = 0;
+	ibv_device **list = ibv_get_device_list(&n);
+	for (int i = 0; i < n && !s.ctx; ++i)
+		if (std::strcmp(ibv_get_device_name(list[i]), "xsrc0") == 0)
+			s.ctx = ibv_open_device(list[i]);
+	ibv_free_device_list(list);
+	if (!s.ctx) {
+		std::printf("FAIL: no xsrc0\n");
+		std::exit(1);
+	}
+	s.gid_index = gid_index;
+	s.pd = ibv_alloc_pd(s.ctx);
+	s.cq = ibv_create_cq(s.ctx, 256, nullptr, nullptr, 0);
+	s.mr = ibv_reg_mr(s.pd, s.buf.data(), s.buf.size(),
+			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				  IBV_ACCESS_REMOTE_ATOMIC);
+	if (!s.pd || !s.cq || !s.mr) {
+		std::printf("FAIL: PD/CQ/MR\n");
+		std::exit(1);
+	}
+}
+
+// A fresh QP connected to the other side's, with `attrs`.
+void fresh_qp(Side &s, int fd, const h::QpConnectAttrs &attrs)
+{
+	if (s.qp)
+		ibv_destroy_qp(s.qp);
+	ibv_qp_init_attr init{};
+	init.send_cq = init.recv_cq = s.cq;
+	init.qp_type = IBV_QPT_RC;
+	init.cap = {64, 64, 4, 4, 64};
+	s.qp = ibv_create_qp(s.pd, &init);
+	if (!s.qp) {
+		std::printf("FAIL: create_qp\n");
+		std::exit(1);
+	}
+	h::QpStep step = h::qp_to_init(s.qp, attrs);
+	check(!step, "INIT: " + step.text());
+	ibv_gid gid{};
+	ibv_query_gid(s.ctx, 1, s.gid_index, &gid);
+	Endpoint mine{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), s.mr->rkey, uint32_t(kBuf)};
+	std::memcpy(mine.gid, gid.raw, 16);
+	send_msg(fd, mine);
+	Endpoint theirs = recv_msg<Endpoint>(fd);
+	h::QpRemote remote{theirs.qpn, {}};
+	std::memcpy(remote.gid.raw, theirs.gid, 16);
+	step = h::qp_to_rtr(s.qp, remote, attrs);
+	check(!step, "RTR: " + step.text());
+	step = h::qp_to_rts(s.qp, attrs);
+	check(!step, "RTS: " + step.text());
+	// Both RTS before either sends.
+	send_msg(fd, uint32_t(1));
+	(void)recv_msg<uint32_t>(fd);
+	s.buf.assign(kBuf, 0);
+}
+
+Endpoint peer;  // the server's endpoint as the client last learned it
+
+void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; ++i)
+		p[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 8)) & 0xFF);
+}
+
+bool matches(const uint8_t *p, size_t n, uint32_t seed)
+{
+	for (size_t i = 0; i < n; ++i)
+		if (p[i] != static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 8)) & 0xFF))
+			return false;
+	return true;
+}
+
+int post_recv(Side &s, uint64_t wr_id)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), uint32_t(kBuf), s.mr->lkey};
+	ibv_recv_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	return ibv_post_recv(s.qp, &wr, &bad);
+}
+
+int post_atomic(Side &s, ibv_wr_opcode opcode, uint64_t remote_addr, uint32_t rkey, uint64_t compare_add,
+		uint64_t swap, uint64_t wr_id)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), 8, s.mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = opcode;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.wr.atomic.remote_addr = remote_addr;
+	wr.wr.atomic.rkey = rkey;
+	wr.wr.atomic.compare_add = compare_add;
+	wr.wr.atomic.swap = swap;
+	return ibv_post_send(s.qp, &wr, &bad);
+}
+
+int post_send(Side &s, ibv_wr_opcode opcode, size_t len, uint64_t remote_addr, uint32_t rkey, uint32_t imm,
+	      uint64_t wr_id)
+{
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), uint32_t(len), s.mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = wr_id;
+	wr.opcode = opcode;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.imm_data = htonl(imm);
+	wr.wr.rdma.remote_addr = remote_addr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(s.qp, &wr, &bad);
+}
+
+// One completion within `timeout`, or a status of -1.
+ibv_wc one(Side &s, std::chrono::milliseconds timeout = 20s)
+{
+	auto wcs = h::poll_completions(s.cq, 1, timeout);
+	if (wcs.empty()) {
+		ibv_wc none{};
+		none.status = static_cast<ibv_wc_status>(-1);
+		return none;
+	}
+	return wcs[0];
+}
+
+std::string status_text(const ibv_wc &wc)
+{
+	return int(wc.status) == -1 ? "no completion" : ibv_wc_status_str(wc.status);
+}
+
+const std::vector<uint32_t> kSizes = {1, 3, 1023, 1024, 1025, 4096, 65536 + 7, 1u << 20};
+
+// Messages of the control channel after the connection.
+enum Step : uint32_t { kCheckWrite = 1, kCheckImm, kCheckSend, kFill, kCheckCounter, kDone };
+
+struct Order {
+	uint32_t step;
+	uint32_t size;
+	uint32_t seed;
+};
+
+// --- the client (requester) ------------------------------------------------
+
+void client_writes(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);
+	uint32_t seed = 1;
+	for (uint32_t size : kSizes) {
+		fill(s.buf.data(), size, ++seed);
+		check(post_send(s, IBV_WR_RDMA_WRITE, size, peer.addr, peer.rkey, 0, 1) == 0, "post RDMA WRITE");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE,
+		      "RDMA WRITE " + std::to_string(size) + ": " + status_text(wc));
+		send_msg(fd, Order{kCheckWrite, size, seed});
+		check(recv_msg<uint32_t>(fd) == 1, "RDMA WRITE " + std::to_string(size) + ": data differs at the responder");
+
+		fill(s.buf.data(), size, ++seed);
+		send_msg(fd, Order{kCheckImm, size, seed});  // the responder posts a receive first
+		(void)recv_msg<uint32_t>(fd);
+		check(post_send(s, IBV_WR_RDMA_WRITE_WITH_IMM, size, peer.addr, peer.rkey, size, 2) == 0,
+		      "post RDMA WRITE with immediate");
+		wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS, "RDMA WRITE with immediate " + std::to_string(size) + ": " + status_text(wc));
+		check(recv_msg<uint32_t>(fd) == 1, "RDMA WRITE with immediate " + std::to_string(size) + ": responder saw wrong data");
+
+		fill(s.buf.data(), size, ++seed);
+		send_msg(fd, Order{kCheckSend, size, seed});
+		(void)recv_msg<uint32_t>(fd);
+		check(post_send(s, IBV_WR_SEND_WITH_IMM, size, 0, 0, size ^ 0xABCD, 3) == 0, "post SEND with immediate");
+		wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND,
+		      "SEND with immediate " + std::to_string(size) + ": " + status_text(wc));
+		check(recv_msg<uint32_t>(fd) == 1, "SEND with immediate " + std::to_string(size) + ": responder saw wrong data");
+		std::printf("ok: RDMA WRITE, WRITE with immediate, SEND with immediate of %u bytes\n", size);
+	}
+	send_msg(fd, Order{kDone, 0, 0});
+}
+
+// RDMA READ from 1 byte to 1 MiB (the responder fills its buffer first),
+// then atomics: FetchAdds whose originals count up, CmpSwaps that do and do
+// not swap, and the responder's counter at the end.
+void client_reads_and_atomics(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);
+	uint32_t seed = 100;
+	for (uint32_t size : kSizes) {
+		send_msg(fd, Order{kFill, size, ++seed});
+		(void)recv_msg<uint32_t>(fd);
+		std::memset(s.buf.data(), 0, size);
+		check(post_send(s, IBV_WR_RDMA_READ, size, peer.addr, peer.rkey, 0, 4) == 0, "post RDMA READ");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.byte_len == size,
+		      "RDMA READ " + std::to_string(size) + ": " + status_text(wc));
+		check(matches(s.buf.data(), size, seed), "RDMA READ " + std::to_string(size) + ": wrong data");
+		std::printf("ok: RDMA READ of %u bytes\n", size);
+	}
+	send_msg(fd, Order{kFill, 8, 0});  // the counter starts at 0
+	(void)recv_msg<uint32_t>(fd);
+	uint64_t counter = peer.addr + kCounterOffset;
+	constexpr int kAdds = 200;
+	bool originals_ok = true;
+	for (int i = 0; i < kAdds; ++i) {
+		check(post_atomic(s, IBV_WR_ATOMIC_FETCH_AND_ADD, counter, peer.rkey, 3, 0, 5) == 0, "post FetchAdd");
+		ibv_wc wc = one(s);
+		uint64_t original;
+		std::memcpy(&original, s.buf.data(), 8);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD, "FetchAdd: " + status_text(wc));
+		originals_ok = originals_ok && original == uint64_t(3 * i);
+	}
+	check(originals_ok, "FetchAdd originals do not count up by 3");
+	auto cmp_swap = [&](uint64_t compare, uint64_t swap) {
+		check(post_atomic(s, IBV_WR_ATOMIC_CMP_AND_SWP, counter, peer.rkey, compare, swap, 6) == 0, "post CmpSwap");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP, "CmpSwap: " + status_text(wc));
+		uint64_t original;
+		std::memcpy(&original, s.buf.data(), 8);
+		return original;
+	};
+	check(cmp_swap(3 * kAdds, 42) == 3 * kAdds, "CmpSwap that swaps: wrong original");
+	check(cmp_swap(1, 7) == 42, "CmpSwap that does not swap: wrong original");
+	send_msg(fd, Order{kCheckCounter, 0, 42});
+	check(recv_msg<uint32_t>(fd) == 1, "the responder's counter is not 42");
+	std::printf("ok: %d FetchAdds, 2 CmpSwaps, the counter exact\n", kAdds);
+	send_msg(fd, Order{kDone, 0, 0});
+}
+
+// A WRITE the responder must refuse: `rkey_delta` off the key or `past` bytes past the MR.
+void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, const char *what)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);
+	uint64_t addr = past ? peer.addr + peer.length + past - 100 : peer.addr;
+	check(post_send(s, IBV_WR_RDMA_WRITE, 100, addr, peer.rkey + rkey_delta, 0, 7) == 0, "post bad WRITE");
+	check(post_send(s, IBV_WR_RDMA_WRITE, 100, peer.addr, peer.rkey, 0, 8) == 0, "post WRITE behind it");
+	ibv_wc wc = one(s);
+	check(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 7,
+	      std::string(what) + ": want IBV_WC_REM_ACCESS_ERR, got " + status_text(wc));
+	wc = one(s);
+	check(wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 8,
+	      std::string(what) + ": the next request: want IBV_WC_WR_FLUSH_ERR, got " + status_text(wc));
+	check(h::qp_state(s.qp) == IBV_QPS_ERR, std::string(what) + ": requester QP not in ERR");
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, std::string(what) + ": responder QP not in ERR");
+	std::printf("ok: %s: IBV_WC_REM_ACCESS_ERR, the next flushed, both QPs in ERR\n", what);
+}
+
+void client_rnr(Side &s, int fd, uint8_t rnr_retry, bool late_receive)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .rnr_retry = rnr_retry});
+	peer = recv_msg<Endpoint>(fd);
+	fill(s.buf.data(), 5000, 99);
+	auto start = std::chrono::steady_clock::now();
+	check(post_send(s, IBV_WR_SEND, 5000, 0, 0, 0, 9) == 0, "post SEND");
+	ibv_wc wc = one(s, 30s);
+	auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+	if (late_receive) {
+		check(wc.status == IBV_WC_SUCCESS, "RNR then a receive: want success, got " + status_text(wc));
+		check(took >= 150ms, "RNR then a receive: completed before the receive was posted");
+		check(recv_msg<uint32_t>(fd) == 1, "RNR then a receive: responder saw wrong data");
+		std::printf("ok: RNR NAKs until a receive came (%lld ms), data intact\n", (long long)took.count());
+	} else {
+		check(wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "RNR: want IBV_WC_RNR_RETRY_EXC_ERR, got " + status_text(wc));
+		check(h::qp_state(s.qp) == IBV_QPS_ERR, "RNR: requester QP not in ERR");
+		send_msg(fd, uint32_t(1));
+		std::printf("ok: rnr_retry %u exhausted: IBV_WC_RNR_RETRY_EXC_ERR\n", rnr_retry);
+	}
+}
+
+// --- the server (responder) ------------------------------------------------
+
+void server_writes(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), s.mr->rkey, uint32_t(kBuf)});
+	for (;;) {
+		Order o = recv_msg<Order>(fd);
+		if (o.step == kDone)
+			return;
+		if (o.step == kCheckWrite) {
+			send_msg(fd, uint32_t(matches(s.buf.data(), o.size, o.seed)));
+			continue;
+		}
+		if (o.step == kFill) {
+			fill(s.buf.data(), o.size, o.seed);
+			std::memset(s.buf.data() + kCounterOffset, 0, 8);
+			send_msg(fd, uint32_t(1));
+			continue;
+		}
+		if (o.step == kCheckCounter) {
+			uint64_t v;
+			std::memcpy(&v, s.buf.data() + kCounterOffset, 8);
+			send_msg(fd, uint32_t(v == o.seed));
+			continue;
+		}
+		std::memset(s.buf.data(), 0, o.size);
+		check(post_recv(s, o.step) == 0, "post_recv");
+		send_msg(fd, uint32_t(1));
+		ibv_wc wc = one(s);
+		bool ok = wc.status == IBV_WC_SUCCESS && wc.byte_len == o.size;
+		if (o.step == kCheckImm)
+			ok = ok && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+			     ntohl(wc.imm_data) == o.size;
+		else
+			ok = ok && wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+			     ntohl(wc.imm_data) == (o.size ^ 0xABCD);
+		check(ok, "responder completion of step " + std::to_string(o.step) + " size " + std::to_string(o.size) +
+				  ": " + status_text(wc) + " opcode " + std::to_string(wc.opcode) + " byte_len " +
+				  std::to_string(wc.byte_len));
+		send_msg(fd, uint32_t(ok && matches(s.buf.data(), o.size, o.seed)));
+	}
+}
+
+void server_access_error(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), s.mr->rkey, uint32_t(kBuf)});
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
+}
+
+void server_rnr(Side &s, int fd, bool late_receive)
+{
+	// 10 us between RNR NAKs until they run out; 2.56 ms while a receive comes.
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .min_rnr_timer = uint8_t(late_receive ? 16 : 1)});
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), s.mr->rkey, uint32_t(kBuf)});
+	if (!late_receive) {
+		(void)recv_msg<uint32_t>(fd);
+		return;
+	}
+	std::this_thread::sleep_for(200ms);
+	check(post_recv(s, 10) == 0, "post_recv");
+	ibv_wc wc = one(s);
+	send_msg(fd, uint32_t(wc.status == IBV_WC_SUCCESS && wc.byte_len == 5000 && matches(s.buf.data(), 5000, 99)));
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, nullptr, _IOLBF, 0);
+	// "data": only the transfers (on a lossy link a lost NAK turns an
+	// error's completion into a retry timeout, so the error cases need a
+	// clean one).
+	bool data_only = std::strcmp(argv[argc - 1], "data") == 0;
+	if (data_only)
+		--argc;
+	bool server = argc == 4 && std::strcmp(argv[1], "server") == 0;
+	bool client = argc == 5 && std::strcmp(argv[1], "client") == 0;
+	if (!server && !client) {
+		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data] | client ADDRESS PORT GID_INDEX [data]\n");
+		return 2;
+	}
+	int fd = server ? listen_once(argv[2]) : connect_to(argv[2], argv[3]);
+	if (fd < 0) {
+		std::printf("FAIL: control connection\n");
+		return 1;
+	}
+	Side s;
+	open_side(s, static_cast<uint8_t>(std::atoi(argv[server ? 3 : 4])));
+	if (client) {
+		client_writes(s, fd);
+		client_reads_and_atomics(s, fd);
+		if (!data_only) {
+			client_access_error(s, fd, 1, 0, "unknown rkey");
+			client_access_error(s, fd, 0, 1, "write past the MR");
+			client_rnr(s, fd, 2, false);
+			client_rnr(s, fd, 7, true);
+		}
+	} else {
+		server_writes(s, fd);
+		server_writes(s, fd);  // the same loop serves the reads and atomics
+		if (!data_only) {
+			server_access_error(s, fd);
+			server_access_error(s, fd);
+			server_rnr(s, fd, false);
+			server_rnr(s, fd, true);
+		}
+	}
+	ibv_destroy_qp(s.qp);
+	ibv_dereg_mr(s.mr);
+	ibv_destroy_cq(s.cq);
+	ibv_dealloc_pd(s.pd);
+	ibv_close_device(s.ctx);
+	close(fd);
+	if (failures == 0)
+		std::printf("rc_wire_verbs %s: all checks passed\n", argv[1]);
+	return failures ? 1 : 0;
+}

@@ -1,0 +1,172 @@
+// UDP sockets for RoCE v2, one per source GID, and the send of one packet
+// with its ICRC (wire/sender.h).
+#include "wire/sender.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "wire/headers.h"
+
+namespace {
+
+namespace w = xsrc::wire;
+
+int make_socket(xsrc_wire_socket &s, uint32_t ifindex)
+{
+	s.ipv4 = w::gid_is_ipv4_mapped(s.sgid);
+	int family = s.ipv4 ? AF_INET : AF_INET6;
+	s.fd.reset(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
+	if (!s.fd)
+		return errno;
+	int one = 1;
+	// Path-MTU discovery on: DF set, and (unconnected) the IPv4 ID is 0.
+	if (s.ipv4) {
+		int pmtu = IP_PMTUDISC_DO;
+		if (setsockopt(s.fd.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)))
+			return errno;
+		sockaddr_in a{};
+		a.sin_family = AF_INET;
+		a.sin_addr = s.src4 = w::gid_ipv4(s.sgid);
+		if (bind(s.fd.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a)))
+			return errno;
+		socklen_t len = sizeof(a);
+		if (getsockname(s.fd.get(), reinterpret_cast<sockaddr *>(&a), &len))
+			return errno;
+		s.src_port = ntohs(a.sin_port);
+		return 0;
+	}
+	int pmtu = IPV6_PMTUDISC_DO;
+	if (setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) ||
+	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)))
+		return errno;
+	sockaddr_in6 a{};
+	a.sin6_family = AF_INET6;
+	std::memcpy(&a.sin6_addr, s.sgid.data(), sizeof(a.sin6_addr));
+	s.src6 = a.sin6_addr;
+	if (IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr))
+		a.sin6_scope_id = s.scope_id = ifindex;
+	if (bind(s.fd.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a)))
+		return errno;
+	socklen_t len = sizeof(a);
+	if (getsockname(s.fd.get(), reinterpret_cast<sockaddr *>(&a), &len))
+		return errno;
+	s.src_port = ntohs(a.sin6_port);
+	return 0;
+}
+
+// The IP and UDP headers the kernel will put in front of `udp_payload`
+// bytes from socket `s` to `dgid`, for the ICRC: written to `ip`, returns
+// their length.
+size_t predict_ip_udp(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, size_t udp_payload,
+		      uint8_t *ip)
+{
+	uint16_t udp_len = static_cast<uint16_t>(w::kUdpBytes + udp_payload);
+	size_t ip_len;
+	if (s.ipv4) {
+		w::Ipv4 h;
+		h.total_length = static_cast<uint16_t>(w::kIpv4Bytes + udp_len);
+		h.src = s.src4;
+		h.dst = w::gid_ipv4(dgid);
+		w::encode(h, std::span<uint8_t, w::kIpv4Bytes>(ip, w::kIpv4Bytes));
+		ip_len = w::kIpv4Bytes;
+	} else {
+		w::Ipv6 h;
+		h.payload_length = udp_len;
+		h.src = s.src6;
+		std::memcpy(&h.dst, dgid.data(), sizeof(h.dst));
+		w::encode(h, std::span<uint8_t, w::kIpv6Bytes>(ip, w::kIpv6Bytes));
+		ip_len = w::kIpv6Bytes;
+	}
+	w::encode(w::Udp{s.src_port, w::kRoceV2Port, udp_len, 0},
+		  std::span<uint8_t, w::kUdpBytes>(ip + ip_len, w::kUdpBytes));
+	return ip_len + w::kUdpBytes;
+}
+
+// Transport headers: BTH and the largest set of extension headers.
+constexpr size_t kMaxHeaders = 64;
+
+}  // namespace
+
+const xsrc_wire_socket *xsrc_wire_sender::socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex)
+{
+	std::lock_guard guard(lock_);
+	for (const auto &s : sockets_)
+		if (s->sgid == sgid)
+			return s.get();
+	auto s = std::unique_ptr<xsrc_wire_socket>(new (std::nothrow) xsrc_wire_socket);
+	if (!s) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	s->sgid = sgid;
+	if (int err = make_socket(*s, ifindex)) {
+		errno = err;
+		return nullptr;
+	}
+	try {
+		sockets_.push_back(std::move(s));
+	} catch (const std::bad_alloc &) {
+		errno = ENOMEM;
+		return nullptr;
+	}
+	return sockets_.back().get();
+}
+
+namespace xsrc::wire {
+
+int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
+		const iovec *payload, size_t npayload, size_t payload_len) noexcept
+{
+	if (headers.size() > kMaxHeaders || npayload > kMaxPayloadIov)
+		return EINVAL;
+	size_t pad = (4 - payload_len % 4) % 4;
+	// The ICRC: the predicted IP/UDP headers with ours, the payload, the pad.
+	std::array<uint8_t, kIpv6Bytes + kUdpBytes + kMaxHeaders> pseudo{};
+	size_t udp_payload = headers.size() + payload_len + pad + kIcrcBytes;
+	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload, pseudo.data());
+	std::memcpy(pseudo.data() + ip_udp, headers.data(), headers.size());
+	uint32_t crc = *icrc(std::span<const uint8_t>(pseudo.data(), ip_udp + headers.size()));
+	for (size_t i = 0; i < npayload; ++i)
+		crc = icrc_continue(crc, {static_cast<const uint8_t *>(payload[i].iov_base), payload[i].iov_len});
+	std::array<uint8_t, 3 + kIcrcBytes> tail{};
+	crc = icrc_continue(crc, {tail.data(), pad});
+	store_icrc(crc, std::span<uint8_t, kIcrcBytes>(tail.data() + pad, kIcrcBytes));
+
+	std::array<iovec, kMaxPayloadIov + 2> iov;
+	size_t n = 0;
+	iov[n++] = {const_cast<uint8_t *>(headers.data()), headers.size()};
+	for (size_t i = 0; i < npayload; ++i)
+		iov[n++] = payload[i];
+	iov[n++] = {tail.data(), pad + kIcrcBytes};
+
+	sockaddr_in a4{};
+	sockaddr_in6 a6{};
+	msghdr msg{};
+	if (s.ipv4) {
+		a4.sin_family = AF_INET;
+		a4.sin_port = htons(kRoceV2Port);
+		a4.sin_addr = gid_ipv4(dgid);
+		msg.msg_name = &a4;
+		msg.msg_namelen = sizeof(a4);
+	} else {
+		a6.sin6_family = AF_INET6;
+		a6.sin6_port = htons(kRoceV2Port);
+		std::memcpy(&a6.sin6_addr, dgid.data(), sizeof(a6.sin6_addr));
+		if (IN6_IS_ADDR_LINKLOCAL(&a6.sin6_addr))
+			a6.sin6_scope_id = s.scope_id;
+		msg.msg_name = &a6;
+		msg.msg_namelen = sizeof(a6);
+	}
+	msg.msg_iov = iov.data();
+	msg.msg_iovlen = n;
+	int saved = errno;
+	ssize_t sent = sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL);
+	int err = sent < 0 ? errno : 0;
+	errno = saved;
+	return err;
+}
+
+}  // namespace xsrc::wire

@@ -1,0 +1,57 @@
+// The sockets RoCE v2 packets leave from: one UDP socket per source GID,
+// bound to that GID's address, so that the kernel's IP header is one we can
+// predict for the ICRC (source and destination, ID 0 and DF from an
+// unconnected socket with path-MTU discovery on; TOS and TTL are masked).
+// The provider sends requests from them (wire_requester.cpp), the daemon its
+// responder's acknowledgements (xsrcd/wire_responder.cpp).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "common/fd.h"
+
+struct xsrc_wire_socket {
+	std::array<uint8_t, 16> sgid{};
+	bool ipv4 = false;
+	uint32_t scope_id = 0;        // an IPv6 link-local source's interface
+	in6_addr src6{};              // IPv6 source
+	in_addr src4{};               // IPv4 source
+	uint16_t src_port = 0;        // host order
+	xsrc::unique_fd fd;
+};
+
+class xsrc_wire_sender {
+public:
+	// The socket for `sgid` (made on first use; `ifindex` scopes a link-local
+	// address). Null with errno set when it cannot be made. The pointer stays
+	// valid for the sender's life.
+	const xsrc_wire_socket *socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex);
+
+private:
+	std::mutex lock_;
+	std::vector<std::unique_ptr<xsrc_wire_socket>> sockets_;  // few: one per source GID used
+};
+
+namespace xsrc::wire {
+
+// Sends one RoCE v2 packet from `s` to UDP 4791 of `dgid`'s address: the
+// transport headers `headers` (BTH first), `payload` (up to `npayload`
+// iovecs, `payload_len` bytes), the pad the BTH announces and the ICRC,
+// computed over the IP and UDP headers the kernel will write. The caller
+// sets bth.pad to (4 - payload_len % 4) % 4. Returns 0 or errno; a
+// datagram the network cannot take is the caller's loss, as on a wire.
+int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
+		const iovec *payload, size_t npayload, size_t payload_len) noexcept;
+
+// Most payload iovecs send_packet takes.
+inline constexpr size_t kMaxPayloadIov = 32;
+
+}  // namespace xsrc::wire
