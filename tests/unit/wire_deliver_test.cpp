@@ -563,7 +563,7 @@ TEST_F(WireRcTest, ResponseSocketMustBeTheCallersSeqpacketSocket)
 	ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
 	unique_fd c(sv[0]), d(sv[1]);
 	cmd = {0, static_cast<uint32_t>(d.get())};
-	dev.abi_revision = 5;
+	dev.abi_revision = 7;  // before revision 8
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);
 	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), 0);
