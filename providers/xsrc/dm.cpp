@@ -32,6 +32,7 @@ constexpr unsigned kDmMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRIT
 // allocation, and those imported from it).
 struct dm_mapping {
 	void *base = MAP_FAILED;
+	size_t length = 0;  // what was allocated
 	size_t mapped = 0;  // the length rounded up to whole pages
 	~dm_mapping()
 	{
@@ -43,8 +44,6 @@ struct dm_mapping {
 struct xsrc_dm {
 	ibv_dm dm;
 	std::shared_ptr<dm_mapping> memory;
-	void *base = MAP_FAILED;  // memory->base
-	size_t length = 0;
 };
 
 // The DMs of this process by handle, for ibv_import_dm (r6): a DM lives in
@@ -54,7 +53,6 @@ struct xsrc_dm {
 struct dm_entry {
 	uint64_t context_id = 0;
 	std::weak_ptr<dm_mapping> memory;
-	size_t length = 0;
 };
 std::mutex dm_table_lock;
 std::map<uint32_t, dm_entry> dm_table;
@@ -74,9 +72,9 @@ int dm_range_check(const xsrc_dm *dm, uint64_t offset, size_t length, const char
 			  static_cast<unsigned long>(offset), length, static_cast<unsigned long>(kDmAccessAlign));
 		return EINVAL;
 	}
-	if (offset > dm->length || length > dm->length - offset) {
+	if (offset > dm->memory->length || length > dm->memory->length - offset) {
 		verbs_err(vctx, "%s: offset %lu + length %zu exceed the DM's %zu bytes\n", op,
-			  static_cast<unsigned long>(offset), length, dm->length);
+			  static_cast<unsigned long>(offset), length, dm->memory->length);
 		return EFAULT;
 	}
 	return 0;
@@ -87,7 +85,7 @@ int xsrc_memcpy_to_dm(ibv_dm *ibdm, uint64_t dm_offset, const void *host_addr, s
 	xsrc_dm *dm = to_xsrc_dm(ibdm);
 	if (int err = dm_range_check(dm, dm_offset, length, "memcpy_to_dm"))
 		return err;
-	std::memcpy(static_cast<char *>(dm->base) + dm_offset, host_addr, length);
+	std::memcpy(static_cast<char *>(dm->memory->base) + dm_offset, host_addr, length);
 	return 0;
 }
 
@@ -96,8 +94,20 @@ int xsrc_memcpy_from_dm(void *host_addr, ibv_dm *ibdm, uint64_t dm_offset, size_
 	xsrc_dm *dm = to_xsrc_dm(ibdm);
 	if (int err = dm_range_check(dm, dm_offset, length, "memcpy_from_dm"))
 		return err;
-	std::memcpy(host_addr, static_cast<const char *>(dm->base) + dm_offset, length);
+	std::memcpy(host_addr, static_cast<const char *>(dm->memory->base) + dm_offset, length);
 	return 0;
+}
+
+// A DM object of `ibctx` over `memory`: an allocation, or an import of one.
+ibv_dm *dm_object(ibv_context *ibctx, std::shared_ptr<dm_mapping> memory, uint32_t handle)
+{
+	auto *dm = new xsrc_dm{};
+	dm->memory = std::move(memory);
+	dm->dm.context = ibctx;
+	dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
+	dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
+	dm->dm.handle = handle;
+	return &dm->dm;
 }
 
 }  // namespace
@@ -122,27 +132,22 @@ ibv_dm *xsrc_alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr)
 		return nullptr;
 	}
 	return xsrc_boundary(vctx, "alloc_dm", [&]() -> ibv_dm * {
-		auto dm = std::make_unique<xsrc_dm>();
-		dm->memory = std::make_shared<dm_mapping>();
+		auto memory = std::make_shared<dm_mapping>();
 		long page = sysconf(_SC_PAGESIZE);
-		dm->length = attr->length;
-		dm->memory->mapped = (attr->length + page - 1) / page * page;
+		memory->length = attr->length;
+		memory->mapped = (attr->length + page - 1) / page * page;
 		// Shared, so that it stays one object across fork() as device memory would.
-		dm->memory->base = mmap(nullptr, dm->memory->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-		if (dm->memory->base == MAP_FAILED) {
+		memory->base = mmap(nullptr, memory->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (memory->base == MAP_FAILED) {
 			int err = errno;
-			verbs_err(vctx, "alloc_dm: cannot map %zu bytes: %s\n", dm->memory->mapped, strerror(err));
+			verbs_err(vctx, "alloc_dm: cannot map %zu bytes: %s\n", memory->mapped, strerror(err));
 			errno = err;
 			return nullptr;
 		}
-		dm->base = dm->memory->base;
-		dm->dm.context = ibctx;
-		dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
-		dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
 		std::lock_guard guard(dm_table_lock);
-		dm->dm.handle = dm_next_handle++;
-		dm_table[dm->dm.handle] = {to_xsrc_ctx(ibctx)->context_id, dm->memory, dm->length};
-		return &dm.release()->dm;
+		uint32_t handle = dm_next_handle++;
+		dm_table[handle] = {to_xsrc_ctx(ibctx)->context_id, memory};
+		return dm_object(ibctx, std::move(memory), handle);
 	});
 }
 
@@ -160,24 +165,19 @@ ibv_dm *xsrc_import_dm(ibv_context *ibctx, uint32_t dm_handle)
 {
 	verbs_context *vctx = &to_xsrc_ctx(ibctx)->ibv_ctx;
 	return xsrc_boundary(vctx, "import_dm", [&]() -> ibv_dm * {
-		auto dm = std::make_unique<xsrc_dm>();
+		std::shared_ptr<dm_mapping> memory;
 		{
 			std::lock_guard guard(dm_table_lock);
 			auto it = dm_table.find(dm_handle);
-			if (it == dm_table.end() || it->second.context_id != to_xsrc_ctx(ibctx)->context_id ||
-			    !(dm->memory = it->second.memory.lock())) {
-				verbs_err(vctx, "import_dm: handle %u names no DM of this device context\n", dm_handle);
-				errno = EINVAL;
-				return nullptr;
-			}
-			dm->length = it->second.length;
+			if (it != dm_table.end() && it->second.context_id == to_xsrc_ctx(ibctx)->context_id)
+				memory = it->second.memory.lock();
 		}
-		dm->base = dm->memory->base;
-		dm->dm.context = ibctx;
-		dm->dm.memcpy_to_dm = xsrc_memcpy_to_dm;
-		dm->dm.memcpy_from_dm = xsrc_memcpy_from_dm;
-		dm->dm.handle = dm_handle;
-		return &dm.release()->dm;
+		if (!memory) {
+			verbs_err(vctx, "import_dm: handle %u names no DM of this device context\n", dm_handle);
+			errno = EINVAL;
+			return nullptr;
+		}
+		return dm_object(ibctx, std::move(memory), dm_handle);
 	});
 }
 
@@ -197,9 +197,9 @@ ibv_mr *xsrc_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t dm_offset, size_t leng
 		errno = EINVAL;
 		return nullptr;
 	}
-	if (dm_offset > dm->length || length > dm->length - dm_offset) {
+	if (dm_offset > dm->memory->length || length > dm->memory->length - dm_offset) {
 		verbs_err(&ctx->ibv_ctx, "reg_dm_mr: offset %lu + length %zu exceed the DM's %zu bytes\n",
-			  static_cast<unsigned long>(dm_offset), length, dm->length);
+			  static_cast<unsigned long>(dm_offset), length, dm->memory->length);
 		errno = EINVAL;
 		return nullptr;
 	}
@@ -221,5 +221,5 @@ ibv_mr *xsrc_reg_dm_mr(ibv_pd *pd, ibv_dm *ibdm, uint64_t dm_offset, size_t leng
 		vmr->access = static_cast<int>(access);
 		return &vmr->ibv_mr;
 	}
-	return xsrc_mr_register(pd, static_cast<char *>(dm->base) + dm_offset, length, 0, static_cast<int>(access));
+	return xsrc_mr_register(pd, static_cast<char *>(dm->memory->base) + dm_offset, length, 0, static_cast<int>(access));
 }
