@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "common/atomic.h"
+#include "common/pid_lock.h"
 
 namespace xsrc {
 
@@ -71,23 +72,8 @@ inline uint32_t tm_handle(uint32_t index, uint32_t generation)
 // holding it (its pid is gone) is taken over.
 class TmLock {
 public:
-	TmLock(xsrc_tm_table &table, uint32_t me) : word_(table.lock)
-	{
-		constexpr unsigned kSpinsPerHolderCheck = 1024;
-		auto lock = atomic(word_);
-		for (unsigned spins = 0;; ++spins) {
-			uint32_t holder = 0;
-			if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire))
-				return;
-			if (spins % kSpinsPerHolderCheck == kSpinsPerHolderCheck - 1) {
-				if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
-				    lock.compare_exchange_strong(holder, me, std::memory_order_acquire))
-					return;
-				sched_yield();
-			}
-		}
-	}
-	~TmLock() { store_release(word_, 0u); }
+	TmLock(xsrc_tm_table &table, uint32_t me) : word_(table.lock) { pid_lock_take(word_, me); }
+	~TmLock() { pid_lock_release(word_); }
 	TmLock(const TmLock &) = delete;
 	TmLock &operator=(const TmLock &) = delete;
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "command_yield.h"
+#include "common/iov.h"
 #include "dispatcher_handlers.h"
 #include "rings.h"
 #include "xsrc-abi.h"
@@ -203,20 +204,6 @@ uint32_t peer_status(Context &owner)
 	return owner_alive(owner) ? EACCES : ESRCH;
 }
 
-// The iovecs of `iov` that cover bytes [from, from + len).
-size_t slice(const std::vector<iovec> &iov, uint64_t from, uint64_t len, std::array<iovec, XSRC_COPY_MAX_IOV> &out)
-{
-	size_t n = 0;
-	uint64_t pos = 0;
-	for (const iovec &v : iov) {
-		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + v.iov_len, from + len);
-		if (lo < hi)
-			out[n++] = {static_cast<char *>(v.iov_base) + (lo - pos), hi - lo};
-		pos += v.iov_len;
-	}
-	return n;
-}
-
 // The caller's QP for a copy, able to send; nullptr when it is not.
 const Qp *sending_qp(Context &ctx, const xsrc_copy &cmd)
 {
@@ -260,7 +247,7 @@ void move_bytes(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::v
 		}
 		uint64_t len = std::min<uint64_t>(cmd.length - done, bounce.size());
 		std::array<iovec, XSRC_COPY_MAX_IOV> mine;
-		std::span<const iovec> pieces(mine.data(), slice(iov, done, len, mine));
+		std::span<const iovec> pieces(mine.data(), iov_slice(iov, done, len, mine.data()));
 		std::span<std::byte> buf(bounce.data(), len);
 		if (write ? caller_pieces(caller, pieces, buf.data(), false)
 			  : peer_memory(*t.owner, t.va + done, buf, false)) {

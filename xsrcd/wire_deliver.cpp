@@ -25,6 +25,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/iov.h"
 #include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
 #include "wire/headers.h"
@@ -392,14 +393,7 @@ ibv_wc_status receive_slice(Device &dev, Context &owner, PdId pd, const RecvWqe 
 	size_t count;
 	if (ibv_wc_status st = scatter(dev, owner, pd, rwqe, from + len, all, count); st != IBV_WC_SUCCESS)
 		return st;
-	n = 0;
-	uint64_t pos = 0;
-	for (size_t i = 0; i < count; ++i) {
-		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + all[i].iov_len, from + len);
-		if (lo < hi)
-			out[n++] = {static_cast<char *>(all[i].iov_base) + (lo - pos), hi - lo};
-		pos += all[i].iov_len;
-	}
+	n = iov_slice(std::span(all.data(), count), from, len, out.data());
 	return IBV_WC_SUCCESS;
 }
 

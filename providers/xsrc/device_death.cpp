@@ -83,12 +83,7 @@ int DeathWatch::start() noexcept
 	if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stop_.get(), &stop) < 0 ||
 	    epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, cmd_fd, &cmd) < 0)
 		return errno;
-	// The application's signal handlers are not for us.
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int err = pthread_create(&thread_, nullptr, thread_main, this);
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	int err = xsrc_start_thread(thread_, thread_main, this);
 	started_ = err == 0;
 	return err;
 }

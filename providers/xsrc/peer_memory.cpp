@@ -11,6 +11,7 @@
 #include <new>
 
 #include "xsrc.h"
+#include "common/pid_lock.h"
 
 using xsrc::atomic;
 
@@ -223,18 +224,6 @@ int xsrc_peer_device_copy(xsrc_context *, xsrc_qp *, const xsrc_peer_copy &, con
 }
 #endif
 
-size_t xsrc_peer_iov_slice(const iovec *src, size_t nsrc, uint64_t from, uint64_t len, iovec *out)
-{
-	size_t n = 0;
-	uint64_t pos = 0;
-	for (size_t i = 0; i < nsrc; ++i) {
-		uint64_t lo = std::max<uint64_t>(pos, from), hi = std::min<uint64_t>(pos + src[i].iov_len, from + len);
-		if (lo < hi)
-			out[n++] = {static_cast<char *>(src[i].iov_base) + (lo - pos), hi - lo};
-		pos += src[i].iov_len;
-	}
-	return n;
-}
 
 // --- the atomics lock ------------------------------------------------------
 
@@ -247,37 +236,17 @@ uint64_t atomic_lock_hash(uint32_t pid, uint64_t va)
 	return (uint64_t(pid) << kPidShift) ^ (va >> kWordShift);
 }
 
-// Spins between checks whether the holder is still alive.
-constexpr unsigned kSpinsPerHolderCheck = 1024;
-
-// Takes one lock word, taking over from a holder that died.
-void atomic_lock_take(uint32_t *word, uint32_t me)
-{
-	auto lock = atomic(*word);
-	for (unsigned spins = 0;; ++spins) {
-		uint32_t holder = 0;
-		if (lock.compare_exchange_weak(holder, me, std::memory_order_acquire))
-			return;
-		if (spins % kSpinsPerHolderCheck == kSpinsPerHolderCheck - 1) {
-			if (holder && kill(static_cast<pid_t>(holder), 0) != 0 && errno == ESRCH &&
-			    lock.compare_exchange_strong(holder, me, std::memory_order_acquire))
-				return;
-			sched_yield();
-		}
-	}
-}
-
 }  // namespace
 
 xsrc_peer_atomic_lock::xsrc_peer_atomic_lock(const xsrc::Arena &arena, uint32_t pid, uint64_t va, uint32_t me)
 	: word_(arena.atomic_lock(atomic_lock_hash(pid, va))), me_(me)
 {
-	atomic_lock_take(word_, me_);
+	xsrc::pid_lock_take(*word_, me_);
 }
 
 xsrc_peer_atomic_lock::~xsrc_peer_atomic_lock()
 {
-	xsrc::store_release(*word_, 0u);
+	xsrc::pid_lock_release(*word_);
 }
 
 xsrc_peer_atomic_locks::xsrc_peer_atomic_locks(const xsrc::Arena &arena, uint32_t pid, const uint64_t *va,
@@ -288,11 +257,11 @@ xsrc_peer_atomic_locks::xsrc_peer_atomic_locks(const xsrc::Arena &arena, uint32_
 	std::sort(words_.begin(), words_.begin() + count_);
 	count_ = static_cast<size_t>(std::unique(words_.begin(), words_.begin() + count_) - words_.begin());
 	for (size_t i = 0; i < count_; ++i)
-		atomic_lock_take(words_[i], me);
+		xsrc::pid_lock_take(*words_[i], me);
 }
 
 xsrc_peer_atomic_locks::~xsrc_peer_atomic_locks()
 {
 	for (size_t i = count_; i-- > 0;)
-		xsrc::store_release(*words_[i], 0u);
+		xsrc::pid_lock_release(*words_[i]);
 }

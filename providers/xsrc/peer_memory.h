@@ -89,10 +89,6 @@ struct xsrc_peer_copy {
 int xsrc_peer_device_copy(xsrc_context *ctx, xsrc_qp *qp, const xsrc_peer_copy &copy, const iovec *local,
 			  size_t nlocal, uint64_t length) noexcept;
 
-// The part of `src` that covers bytes [from, from + len); `out` has room
-// for nsrc entries.
-size_t xsrc_peer_iov_slice(const iovec *src, size_t nsrc, uint64_t from, uint64_t len, iovec *out);
-
 // The device-wide lock that makes atomics atomic with respect to each other
 // (IBV_ATOMIC_HCA). A holder that died is detected and its lock taken over.
 class xsrc_peer_atomic_lock {

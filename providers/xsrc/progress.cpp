@@ -35,12 +35,7 @@ bool Progress::start_locked() noexcept
 {
 	if (started_)
 		return true;
-	// The application's signal handlers are not for us.
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int err = pthread_create(&thread_, nullptr, thread_main, this);
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	int err = xsrc_start_thread(thread_, thread_main, this);
 	if (err) {
 		verbs_err(&ctx_->ibv_ctx, "cannot start the progress thread: %s\n", strerror(err));
 		return false;

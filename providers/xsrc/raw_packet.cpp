@@ -372,11 +372,7 @@ int RawPort::start_receiving()
 		return errno;
 	recv_fd_ = std::move(fd);
 	stop_fd_ = std::move(stop);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int err = pthread_create(&thread_, nullptr, thread_main, this);
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	int err = xsrc_start_thread(thread_, thread_main, this);
 	if (err)
 		return err;
 	started_ = true;

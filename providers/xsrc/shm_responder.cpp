@@ -15,6 +15,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/iov.h"
 #include "peer_memory.h"
 #include "tm.h"
 
@@ -182,7 +183,7 @@ int responder_deliver_by_device(xsrc_context *ctx, xsrc_qp *qp, const Responder 
 			continue;
 		uint64_t take = std::min<uint64_t>(sge.length, len - done);
 		std::array<iovec, XSRC_MAX_RECV_SGE + 1> piece;
-		size_t n = xsrc_peer_iov_slice(src, nsrc, done, take, piece.data());
+		size_t n = xsrc::iov_slice({src, nsrc}, done, take, piece.data());
 		xsrc_peer_copy c = responder_copy(qp, r);
 		c.what = xsrc_peer_copy::op::write;
 		c.kind = xsrc_peer_copy::key_kind::lkey;
@@ -402,7 +403,7 @@ ibv_wc_status responder_tm_place(xsrc_context *ctx, xsrc_qp *qp, const Responder
 	if (st != IBV_WC_SUCCESS || len == 0)
 		return st;
 	std::array<iovec, XSRC_MAX_RECV_SGE + 1> piece;
-	size_t n = xsrc_peer_iov_slice(src, nsrc, from, len, piece.data());
+	size_t n = xsrc::iov_slice({src, nsrc}, from, len, piece.data());
 	int err = responder_write(ctx, qp, r, tagged, piece.data(), n, remote.data(), nremote, len);
 	unreachable = err == ESRCH || err == EAGAIN;
 	return err ? IBV_WC_LOC_PROT_ERR : IBV_WC_SUCCESS;

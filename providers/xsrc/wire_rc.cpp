@@ -32,6 +32,7 @@
 #include <new>
 #include <vector>
 
+#include "common/iov.h"
 #include "peer_memory.h"
 #include "wire/headers.h"
 #include "wire/sender.h"
@@ -257,7 +258,7 @@ void send_one(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn
 		n += w::kImmDtBytes;
 	}
 	std::array<iovec, XSRC_MAX_RECV_SGE> payload;
-	size_t np = len ? xsrc_peer_iov_slice(m.iov, m.count, offset, len, payload.data()) : 0;
+	size_t np = len ? xsrc::iov_slice({m.iov, m.count}, offset, len, payload.data()) : 0;
 	// A packet the network cannot take is lost: RC's timer resends it.
 	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, payload.data(), np, len);
 }
@@ -453,7 +454,7 @@ std::span<const uint8_t> response_payload(const uint8_t *bytes, size_t len, cons
 void place(const xsrc_wire_msg &m, uint64_t offset, std::span<const uint8_t> data)
 {
 	std::array<iovec, XSRC_MAX_RECV_SGE> out;
-	size_t n = xsrc_peer_iov_slice(m.iov, m.count, offset, data.size(), out.data());
+	size_t n = xsrc::iov_slice({m.iov, m.count}, offset, data.size(), out.data());
 	size_t at = 0;
 	for (size_t i = 0; i < n; ++i) {
 		std::memcpy(out[i].iov_base, data.data() + at, out[i].iov_len);
@@ -608,11 +609,7 @@ int WireEngine::start() noexcept
 		return err;
 	}
 	responses_ = std::move(ours);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	int err = pthread_create(&thread_, nullptr, thread_main, this);
-	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	int err = xsrc_start_thread(thread_, thread_main, this);
 	if (err) {
 		verbs_err(&ctx_->ibv_ctx, "cannot start the RoCE response thread: %s\n", strerror(err));
 		return err;

@@ -2,6 +2,9 @@
 // The xsrc device: matching and registration, device and context lifetime, and
 // the pool of completion-channel pipes.
 #include "xsrc.h"
+
+#include <pthread.h>
+#include <signal.h>
 #include "progress.h"
 #include "raw_packet.h"
 
@@ -469,6 +472,16 @@ void xsrc_free_context(ibv_context *ibctx)
 
 	channel_pool_drain(ctx);
 	context_deleter{}(ctx);
+}
+
+int xsrc_start_thread(pthread_t &thread, void *(*main)(void *), void *arg) noexcept
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int err = pthread_create(&thread, nullptr, main, arg);
+	pthread_sigmask(SIG_SETMASK, &old, nullptr);
+	return err;
 }
 
 void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept

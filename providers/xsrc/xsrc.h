@@ -542,6 +542,11 @@ int xsrc_private_command(int cmd_fd, uint32_t command, Body body, Resp &resp)
 	return static_cast<size_t>(written) == sizeof(cmd) ? 0 : EIO;
 }
 
+// xsrc.cpp: starts one of the provider's threads with every signal
+// blocked (the application's handlers are not for it). Returns 0 or
+// pthread_create's error.
+int xsrc_start_thread(pthread_t &thread, void *(*main)(void *), void *arg) noexcept;
+
 // xsrc.cpp: XSRC_CMD_RAISE_EVENT through our command file (best effort).
 void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object) noexcept;
 
