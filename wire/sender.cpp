@@ -85,9 +85,6 @@ size_t predict_ip_udp(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &
 	return ip_len + w::kUdpBytes;
 }
 
-// Transport headers: BTH and the largest set of extension headers.
-constexpr size_t kMaxHeaders = 64;
-
 }  // namespace
 
 const xsrc_wire_socket *xsrc_wire_sender::socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex)
@@ -116,14 +113,18 @@ const xsrc_wire_socket *xsrc_wire_sender::socket_for(const std::array<uint8_t, 1
 }
 
 namespace xsrc::wire {
+namespace {
 
-int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
-		const iovec *payload, size_t npayload, size_t payload_len) noexcept
+// Lays out one packet for sendmsg: the pad and the ICRC (computed over the
+// IP and UDP headers the kernel will write, ours, the payload and the pad)
+// into `tail`, the pieces into `iov`. Returns how many iovecs, or 0 when the
+// packet has too many pieces.
+size_t lay_out(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
+	       const iovec *payload, size_t npayload, size_t payload_len, uint8_t *tail, iovec *iov) noexcept
 {
 	if (headers.size() > kMaxHeaders || npayload > kMaxPayloadIov)
-		return EINVAL;
+		return 0;
 	size_t pad = (4 - payload_len % 4) % 4;
-	// The ICRC: the predicted IP/UDP headers with ours, the payload, the pad.
 	std::array<uint8_t, kIpv6Bytes + kUdpBytes + kMaxHeaders> pseudo{};
 	size_t udp_payload = headers.size() + payload_len + pad + kIcrcBytes;
 	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload, pseudo.data());
@@ -131,20 +132,22 @@ int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, 
 	uint32_t crc = *icrc(std::span<const uint8_t>(pseudo.data(), ip_udp + headers.size()));
 	for (size_t i = 0; i < npayload; ++i)
 		crc = icrc_continue(crc, {static_cast<const uint8_t *>(payload[i].iov_base), payload[i].iov_len});
-	std::array<uint8_t, 3 + kIcrcBytes> tail{};
-	crc = icrc_continue(crc, {tail.data(), pad});
-	store_icrc(crc, std::span<uint8_t, kIcrcBytes>(tail.data() + pad, kIcrcBytes));
+	std::memset(tail, 0, pad);
+	crc = icrc_continue(crc, {tail, pad});
+	store_icrc(crc, std::span<uint8_t, kIcrcBytes>(tail + pad, kIcrcBytes));
 
-	std::array<iovec, kMaxPayloadIov + 2> iov;
 	size_t n = 0;
 	iov[n++] = {const_cast<uint8_t *>(headers.data()), headers.size()};
 	for (size_t i = 0; i < npayload; ++i)
 		iov[n++] = payload[i];
-	iov[n++] = {tail.data(), pad + kIcrcBytes};
+	iov[n++] = {tail, pad + kIcrcBytes};
+	return n;
+}
 
-	sockaddr_in a4{};
-	sockaddr_in6 a6{};
-	msghdr msg{};
+// UDP 4791 of `dgid`'s address, in the socket's family.
+void destination(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, sockaddr_in &a4, sockaddr_in6 &a6,
+		 msghdr &msg) noexcept
+{
 	if (s.ipv4) {
 		a4.sin_family = AF_INET;
 		a4.sin_port = htons(kRoceV2Port);
@@ -160,11 +163,73 @@ int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, 
 		msg.msg_name = &a6;
 		msg.msg_namelen = sizeof(a6);
 	}
+}
+
+}  // namespace
+
+int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
+		const iovec *payload, size_t npayload, size_t payload_len) noexcept
+{
+	std::array<uint8_t, 8> tail;
+	std::array<iovec, kMaxPayloadIov + 2> iov;
+	size_t n = lay_out(s, dgid, headers, payload, npayload, payload_len, tail.data(), iov.data());
+	if (!n)
+		return EINVAL;
+	sockaddr_in a4{};
+	sockaddr_in6 a6{};
+	msghdr msg{};
+	destination(s, dgid, a4, a6, msg);
 	msg.msg_iov = iov.data();
 	msg.msg_iovlen = n;
 	int saved = errno;
 	ssize_t sent = sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL);
 	int err = sent < 0 ? errno : 0;
+	errno = saved;
+	return err;
+}
+
+PacketBatch::PacketBatch(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid) noexcept
+	: socket_(s), dgid_(dgid)
+{
+}
+
+int PacketBatch::add(std::span<const uint8_t> headers, const iovec *payload, size_t npayload,
+		     size_t payload_len) noexcept
+{
+	if (headers.size() > kMaxHeaders || npayload > kMaxPayloadIov)
+		return EINVAL;
+	int err = count_ == kCapacity ? flush() : 0;
+	Packet &p = packets_[count_];
+	std::memcpy(p.headers.data(), headers.data(), headers.size());
+	size_t n = lay_out(socket_, dgid_, {p.headers.data(), headers.size()}, payload, npayload, payload_len,
+			   p.tail.data(), p.iov.data());
+	msghdr &msg = msgs_[count_].msg_hdr;
+	msg = {};
+	destination(socket_, dgid_, to4_, to6_, msg);
+	msg.msg_iov = p.iov.data();
+	msg.msg_iovlen = n;
+	++count_;
+	return err;
+}
+
+int PacketBatch::flush() noexcept
+{
+	int err = 0, saved = errno;
+	size_t done = 0;
+	while (done < count_) {
+		int sent = sendmmsg(socket_.fd.get(), msgs_.data() + done, static_cast<unsigned>(count_ - done),
+				    MSG_NOSIGNAL);
+		if (sent < 0) {
+			if (errno == EINTR)
+				continue;
+			// This packet is lost, as on a wire; the rest still go.
+			err = errno;
+			++done;
+			continue;
+		}
+		done += static_cast<size_t>(sent);
+	}
+	count_ = 0;
 	errno = saved;
 	return err;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -53,5 +54,41 @@ int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, 
 
 // Most payload iovecs send_packet takes.
 inline constexpr size_t kMaxPayloadIov = 32;
+// Most transport header bytes (BTH and the largest set of extensions).
+inline constexpr size_t kMaxHeaders = 64;
+
+// Packets from one socket to one destination, gathered and sent with one
+// sendmmsg: a window of a message's packets costs one system call, not one
+// each. add() takes what send_packet takes, copies the headers and the iovec
+// array (the payload bytes must stay put until the batch is sent), and sends
+// the batch first when it is full; flush() sends what is gathered; the
+// destructor flushes. As with send_packet, a datagram the network cannot take
+// is lost.
+class PacketBatch {
+public:
+	static constexpr size_t kCapacity = 32;
+
+	PacketBatch(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid) noexcept;
+	~PacketBatch() { flush(); }
+	PacketBatch(const PacketBatch &) = delete;
+	PacketBatch &operator=(const PacketBatch &) = delete;
+
+	int add(std::span<const uint8_t> headers, const iovec *payload, size_t npayload, size_t payload_len) noexcept;
+	int flush() noexcept;
+
+private:
+	struct Packet {
+		std::array<uint8_t, kMaxHeaders> headers;
+		std::array<uint8_t, 8> tail;  // pad and ICRC
+		std::array<iovec, kMaxPayloadIov + 2> iov;
+	};
+	const xsrc_wire_socket &socket_;
+	const std::array<uint8_t, 16> &dgid_;
+	sockaddr_in6 to6_{};
+	sockaddr_in to4_{};
+	size_t count_ = 0;
+	std::array<Packet, kCapacity> packets_;
+	std::array<mmsghdr, kCapacity> msgs_;
+};
 
 }  // namespace xsrc::wire

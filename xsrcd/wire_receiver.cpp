@@ -14,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <thread>
+#include <vector>
 
 #include "common/fd.h"
 #include "wire/headers.h"
@@ -132,7 +133,14 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 	WireReceiver *self = r.get();
 	impl.thread = std::thread([self] {
 		Impl &i = *self->impl_;
-		std::array<uint8_t, kMaxPacket> buf;
+		// A window of packets is taken in with a few system calls: up to
+		// kBatch per recvmmsg, until the socket has no more, before the
+		// next poll.
+		constexpr size_t kBatch = 32;
+		std::vector<uint8_t> bufs(kBatch * kMaxPacket);
+		std::array<iovec, kBatch> iov;
+		std::array<sockaddr_ll, kBatch> from;
+		std::array<mmsghdr, kBatch> msgs;
 		pollfd fds[2] = {{i.packets.get(), POLLIN, 0}, {i.stop.get(), POLLIN, 0}};
 		for (;;) {
 			if (poll(fds, 2, -1) < 0 && errno != EINTR)
@@ -141,15 +149,26 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				return;
 			if (!(fds[0].revents & POLLIN))
 				continue;
-			sockaddr_ll from{};
-			socklen_t len = sizeof(from);
-			ssize_t n = recvfrom(i.packets.get(), buf.data(), buf.size(), MSG_DONTWAIT,
-					     reinterpret_cast<sockaddr *>(&from), &len);
-			// Only what arrives for this host: not our own sends, not
-			// frames for other hosts a promiscuous link shows us.
-			if (n <= 0 || from.sll_pkttype != PACKET_HOST)
-				continue;
-			self->handle({buf.data(), static_cast<size_t>(n)});
+			for (;;) {
+				for (size_t k = 0; k < kBatch; ++k) {
+					iov[k] = {bufs.data() + k * kMaxPacket, kMaxPacket};
+					msgs[k] = {};
+					msgs[k].msg_hdr.msg_iov = &iov[k];
+					msgs[k].msg_hdr.msg_iovlen = 1;
+					msgs[k].msg_hdr.msg_name = &from[k];
+					msgs[k].msg_hdr.msg_namelen = sizeof(from[k]);
+				}
+				int n = recvmmsg(i.packets.get(), msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+				for (int k = 0; k < n; ++k) {
+					// Only what arrives for this host: not our own sends,
+					// not frames for other hosts a promiscuous link shows us.
+					if (msgs[k].msg_len == 0 || from[k].sll_pkttype != PACKET_HOST)
+						continue;
+					self->handle({bufs.data() + k * kMaxPacket, msgs[k].msg_len});
+				}
+				if (n < static_cast<int>(kBatch))
+					break;
+			}
 		}
 	});
 	return r;

@@ -207,7 +207,7 @@ uint8_t packet_opcode(bool reliable, ibv_wr_opcode o, uint32_t k, uint32_t packe
 }
 
 // A READ request for the responses from `k` on, or an atomic request.
-void send_request(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+void send_request(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
 {
 	std::array<uint8_t, w::kBthBytes + w::kAtomicEthBytes> hdr{};
 	w::Bth bth;
@@ -229,11 +229,11 @@ void send_request(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t
 		n += w::kAtomicEthBytes;
 	}
 	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
-	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, nullptr, 0, 0);
+	(void)out.add({hdr.data(), n}, nullptr, 0, 0);
 }
 
-// Sends packet `k` of message `m` with PSN `psn`.
-void send_one(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+// Sends packet `k` of message `m` with PSN `psn` (into `out`).
+void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
 {
 	uint64_t offset = uint64_t(k) * wq.mtu;
 	uint64_t len = std::min<uint64_t>(wq.mtu, m.length - std::min(m.length, offset));
@@ -260,7 +260,7 @@ void send_one(xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn
 	std::array<iovec, XSRC_MAX_RECV_SGE> payload;
 	size_t np = len ? xsrc::iov_slice({m.iov, m.count}, offset, len, payload.data()) : 0;
 	// A packet the network cannot take is lost: RC's timer resends it.
-	(void)w::send_packet(*wq.socket, wq.dgid, {hdr.data(), n}, payload.data(), np, len);
+	(void)out.add({hdr.data(), n}, payload.data(), np, len);
 }
 
 uint64_t ack_timeout_ns(const xsrc_qp *qp)
@@ -268,26 +268,28 @@ uint64_t ack_timeout_ns(const xsrc_qp *qp)
 	return xsrc_requester_ack_timeout_ns(qp->entry->timeout);
 }
 
-// Sends what the window allows from send_psn on; arms the ACK timer.
+// Sends what the window allows from send_psn on (a batch of packets per
+// system call); arms the ACK timer.
 void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 {
 	if (wq.rnr_until_ns && now < wq.rnr_until_ns)
 		return;
 	wq.rnr_until_ns = 0;
+	w::PacketBatch out(*wq.socket, wq.dgid);
 	while (wq.send_psn != wq.next_psn && psn_diff(wq.send_psn, wq.una_psn) < kWindow &&
 	       wq.send_index < wq.size) {
 		xsrc_wire_msg &m = wq.msg(wq.send_index);
 		uint32_t k = psn_diff(wq.send_psn, m.first_psn);
 		if (wqe_wants_data(m.opcode)) {
 			// One request covers the responses still missing.
-			send_request(wq, m, k, wq.send_psn);
+			send_request(out, wq, m, k, wq.send_psn);
 			wq.send_psn = psn_add(m.first_psn, m.packets);
 			++wq.send_index;
 			if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
 				wq.sent_high = wq.send_psn;
 			continue;
 		}
-		send_one(wq, m, k, wq.send_psn);
+		send_one(out, wq, m, k, wq.send_psn);
 		wq.send_psn = psn_add(wq.send_psn, 1);
 		if (psn_diff(wq.send_psn, wq.una_psn) > psn_diff(wq.sent_high, wq.una_psn))
 			wq.sent_high = wq.send_psn;
@@ -881,8 +883,9 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 		// UC: out it goes; nobody acknowledges it.
 		m.iov = local.iov.data();
 		m.count = local.count;
+		w::PacketBatch out(*wq.socket, wq.dgid);
 		for (uint32_t k = 0; k < m.packets; ++k)
-			send_one(wq, m, k, psn_add(m.first_psn, k));
+			send_one(out, wq, m, k, psn_add(m.first_psn, k));
 		wq.next_psn = psn_add(wq.next_psn, m.packets);
 		return Result::done(local.total);
 	}

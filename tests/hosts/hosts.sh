@@ -11,10 +11,14 @@
 #
 # Needs root, iproute2, util-linux (unshare, nsenter); $XSRC names the xsrc
 # tool and $RDMAV_DRIVERS the provider (as the CTest environment sets them).
+# Host I's interface is $XSRC_HOSTS_PREFIX-I, or $XSRC_HOSTS_IFNAME on every
+# host when that is set (programs that want one device name on both ends,
+# such as ucx_perftest, whose server takes the client's parameters).
 set -euo pipefail
 
 prefix=${XSRC_HOSTS_PREFIX:-xsrch}
 state=/run/$prefix  # host i's holder pid in $state/i.pid (host side)
+ifname() { echo "${XSRC_HOSTS_IFNAME:-$prefix-$1}"; }
 xsrc=${XSRC:?XSRC must name the xsrc tool}
 
 holder() { cat "$state/$1.pid"; }
@@ -33,12 +37,12 @@ up() {
   ip -n "$prefix-br" link set br0 up
   for i in $(seq "$n"); do
     ip netns add "$prefix-$i"
-    ip link add "$prefix-$i" netns "$prefix-$i" type veth peer name "port$i" netns "$prefix-br"
+    ip link add "$(ifname "$i")" netns "$prefix-$i" type veth peer name "port$i" netns "$prefix-br"
     ip -n "$prefix-br" link set "port$i" master br0 up
     ip -n "$prefix-$i" link set lo up
-    ip -n "$prefix-$i" addr add "10.77.0.$i/24" dev "$prefix-$i"
-    ip -n "$prefix-$i" -6 addr add "fd77::$i/64" dev "$prefix-$i" nodad
-    ip -n "$prefix-$i" link set "$prefix-$i" up
+    ip -n "$prefix-$i" addr add "10.77.0.$i/24" dev "$(ifname "$i")"
+    ip -n "$prefix-$i" -6 addr add "fd77::$i/64" dev "$(ifname "$i")" nodad
+    ip -n "$prefix-$i" link set "$(ifname "$i")" up
     # The holder keeps the host's mount namespace (private /run, /dev/shm,
     # /dev/infiniband and a /sys of its network namespace) alive.
     ip netns exec "$prefix-$i" unshare --mount --propagation private sh -c '
@@ -54,7 +58,7 @@ up() {
       in_host "$i" sh -c 'mountpoint -q /run && [ ! -e /run/'"$prefix"' ]' 2>/dev/null && break
       sleep 0.1
     done
-    in_host "$i" "$xsrc" up --name xsrc0 --netdev "$prefix-$i" >/dev/null
+    in_host "$i" "$xsrc" up --name xsrc0 --netdev "$(ifname "$i")" >/dev/null
   done
 }
 
