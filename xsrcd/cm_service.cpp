@@ -54,6 +54,56 @@ uint8_t private_len(const Id &id, uint8_t size)
 	return id.src.ss_family == kAfIb ? size : static_cast<uint8_t>(size - kIpCmHeader);
 }
 
+bool link_local(const Gid &g)
+{
+	return g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80;
+}
+
+bool ipv4_mapped(const Gid &g)
+{
+	return std::all_of(g.raw.begin(), g.raw.begin() + 10, [](uint8_t b) { return b == 0; }) && g.raw[10] == 0xff &&
+	       g.raw[11] == 0xff;
+}
+
+// Where a route to another host's address leaves from: the lowest-numbered
+// device's GID of the address's kind (for IPv6, link-local to link-local).
+std::optional<Local> wire_source(const std::vector<CmDevice> &devs, const sockaddr_storage &dst)
+{
+	const Gid to = gid_of(dst);
+	std::optional<Local> best;
+	for (const CmDevice &d : devs) {
+		if (d.netdev.loopback || (best && best->device.index < d.index))
+			continue;
+		for (unsigned i = 0; i < d.gids.size(); ++i) {
+			const Gid &g = d.gids[i];
+			if (g == Gid{} || ipv4_mapped(g) != (dst.ss_family == AF_INET) ||
+			    (dst.ss_family == AF_INET6 && link_local(g) != link_local(to)))
+				continue;
+			best = Local{d, i, g};
+			break;
+		}
+	}
+	return best;
+}
+
+// The socket address a local GID stands for (no port).
+sockaddr_storage address_of(const Local &l, sa_family_t family)
+{
+	sockaddr_storage a{};
+	if (family == AF_INET) {
+		auto &in = reinterpret_cast<sockaddr_in &>(a);
+		in.sin_family = AF_INET;
+		std::memcpy(&in.sin_addr, l.gid.raw.data() + 12, 4);
+	} else {
+		auto &in6 = reinterpret_cast<sockaddr_in6 &>(a);
+		in6.sin6_family = AF_INET6;
+		std::memcpy(&in6.sin6_addr, l.gid.raw.data(), 16);
+		if (link_local(l.gid))
+			in6.sin6_scope_id = static_cast<uint32_t>(l.device.netdev.ifindex);
+	}
+	return a;
+}
+
 std::mt19937 &rng()
 {
 	static std::mt19937 gen{std::random_device{}()};
@@ -249,6 +299,10 @@ void State::cancel(uint64_t token)
 // REJ, DREQ or DREP (ib_destroy_cm_id sends whichever its state calls for).
 void State::teardown(Id &id)
 {
+	if (id.remote) {
+		wire_teardown(id);
+		return;
+	}
 	auto it = ids.find(id.peer);
 	Id *peer = it == ids.end() ? nullptr : &it->second;
 	CmState was = id.cm;
@@ -484,6 +538,7 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 		return refuse(EINVAL, "resolve_addr: not bound");
 	id.state = IdState::AddrQuery;
 	id.dst = dst;
+	bool remote = false;
 
 	const std::vector<CmDevice> devs = devices();
 	std::optional<Local> source = id.local;
@@ -504,14 +559,29 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 			id.src = dst;
 			set_port(id.src, port);
 		}
+	} else if (!is_loopback(dst) && (dst.ss_family == AF_INET || dst.ss_family == AF_INET6)) {
+		// Another host's address: the IB CM talks to it over the wire (cm_wire.cpp).
+		if (!source)
+			source = wire_source(devs, dst);
+		if (source) {
+			dgid = gid_of(dst);
+			peer_mtu = source->device.active_mtu;
+			remote = true;
+			if (is_any(id.src)) {
+				uint16_t port = port_of(id.src);
+				id.src = address_of(*source, dst.ss_family);
+				set_port(id.src, port);
+			}
+		}
 	}
 	if (!source || !dgid) {
-		// No xsrc device reaches it: this host's device has no wire yet.
+		// No xsrc device of this host has an address of that family.
 		id.state = IdState::AddrBound;
 		queue_id_event(id, kEvAddrError, -EHOSTUNREACH);
 		return 0;
 	}
 	set_route(id, *source, *dgid, peer_mtu);
+	id.remote = remote;
 	id.state = IdState::AddrResolved;
 	queue_id_event(id, kEvAddrResolved, 0);
 	return 0;
@@ -616,6 +686,13 @@ int State::connect(Id &id, ConnParams params)
 	id.active = true;
 	id.mine = std::move(params);
 	id.psn = rng()() & 0xffffff;
+	if (id.remote) {  // another host's: REQ (or SIDR REQ) on the wire
+		if (id.qp_type == IBV_QPT_UD)
+			wire_connect_sidr(id);
+		else
+			wire_connect(id);
+		return 0;
+	}
 	Id *listener = find_listener(port_space(id), id.dst);
 	if (id.qp_type == IBV_QPT_UD) {
 		connect_sidr(id, listener);
@@ -671,6 +748,10 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		id.mine = rep;
 		id.cm = CmState::None;
 		id.peer = 0;
+		if (id.remote) {
+			wire_accept_sidr(id, rep, 0);
+			return 0;
+		}
 		if (peer && peer->cm == CmState::SidrReqSent) {
 			detach_peer(*peer, CmState::None);
 			Event ev;
@@ -691,10 +772,14 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		return 0;
 	}
 	if (params) {  // the passive side's REP
-		if (id.cm != CmState::ReqRcvd || !peer)
+		if (id.cm != CmState::ReqRcvd || (!peer && !id.remote))
 			return refuse(EINVAL, "accept: no request to answer");
 		id.mine = *params;
 		id.uid = uid;
+		if (id.remote) {
+			wire_accept(id);
+			return 0;
+		}
 		id.cm = CmState::RepSent;
 		peer->theirs = *params;
 		peer->cm = CmState::RepRcvd;
@@ -715,6 +800,10 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 	if (id.cm != CmState::RepRcvd)
 		return refuse(EINVAL, "accept: no reply to confirm");
 	id.cm = CmState::Established;
+	if (id.remote) {
+		wire_rtu(id);
+		return 0;
+	}
 	if (peer && peer->cm == CmState::RepSent) {
 		peer->cm = CmState::Established;
 		peer->timer = 0;
@@ -732,6 +821,10 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 	if (id.cm == CmState::SidrReqRcvd) {
 		id.cm = CmState::None;
 		id.peer = 0;
+		if (id.remote) {
+			wire_accept_sidr(id, rej, static_cast<uint8_t>(kSidrReject));
+			return 0;
+		}
 		if (peer && peer->cm == CmState::SidrReqSent) {
 			detach_peer(*peer, CmState::None);
 			queue_id_event(*peer, kEvUnreachable, static_cast<int32_t>(kSidrReject), &rej,
@@ -748,6 +841,11 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 	default:
 		return refuse(EINVAL, "reject: nothing to reject");
 	}
+	if (id.remote) {
+		wire_reject(id, reason, rej.private_data);
+		detach_peer(id, CmState::Timewait);
+		return 0;
+	}
 	detach_peer(id, CmState::Timewait);
 	if (peer && peer->peer == id.handle) {
 		detach_peer(*peer, CmState::Timewait);
@@ -757,13 +855,13 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 }
 
 // Both ends of a connection that ended: TIMEWAIT_EXIT after the IB CM's time wait.
-static void enter_timewait(State &s, Id &id)
+void State::enter_timewait(Id &id)
 {
 	id.cm = CmState::Timewait;
 	id.peer = 0;
-	s.arm(id, kTimewait, [&s](Id &self) {
+	arm(id, kTimewait, [this](Id &self) {
 		if (self.cm == CmState::Timewait)
-			s.queue_id_event(self, kEvTimewaitExit, 0);
+			queue_id_event(self, kEvTimewaitExit, 0);
 	});
 }
 
@@ -771,6 +869,11 @@ int State::disconnect(Id &id)
 {
 	if (id.cm == CmState::None)
 		return refuse(EINVAL, "disconnect: never connected");
+	if (id.remote) {  // DREQ, or the DREP to the peer's
+		if (connected_ish(id.cm) || id.cm == CmState::DreqRcvd)
+			wire_disconnect(id);
+		return 0;
+	}
 	auto it = ids.find(id.peer);
 	Id *peer = it == ids.end() || it->second.peer != id.handle ? nullptr : &it->second;
 	ConnParams none;
@@ -784,7 +887,7 @@ int State::disconnect(Id &id)
 		}
 		if (!peer) {  // nobody to answer: the DREQ times out at once
 			id.state = IdState::Disconnect;
-			enter_timewait(*this, id);
+			enter_timewait(id);
 			queue_id_event(id, kEvDisconnected, -ETIMEDOUT, &none, 0);
 			return 0;
 		}
@@ -794,16 +897,16 @@ int State::disconnect(Id &id)
 			self.state = IdState::Disconnect;
 			ConnParams nothing;
 			queue_id_event(self, kEvDisconnected, -ETIMEDOUT, &nothing, 0);
-			enter_timewait(*this, self);
+			enter_timewait(self);
 		});
 		return 0;
 	}
 	if (id.cm == CmState::DreqRcvd) {  // DREP
-		enter_timewait(*this, id);
+		enter_timewait(id);
 		if (peer && peer->cm == CmState::DreqSent) {
 			peer->state = IdState::Disconnect;
 			queue_id_event(*peer, kEvDisconnected, 0, &none, 0);
-			enter_timewait(*this, *peer);
+			enter_timewait(*peer);
 		}
 	}
 	return 0;  // anything else: the IB CM has nothing to send, and says nothing
@@ -957,6 +1060,23 @@ void CmService::device_removed(const std::string &name)
 		id.local.reset();
 		s.queue_id_event(id, cm::kEvDeviceRemoval, 0);
 	}
+}
+
+void CmService::wire_receive(int ifindex, std::span<const uint8_t> ip_packet)
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	s.wire_receive(ifindex, ip_packet);
+}
+
+std::string CmService::wire_status()
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	const auto &c = s.counters;
+	return " cm_mads_sent=" + std::to_string(c.mads_sent) + " cm_mads_resent=" + std::to_string(c.mads_resent) +
+	       " cm_mads_received=" + std::to_string(c.mads_received) +
+	       " cm_mads_duplicate=" + std::to_string(c.mads_duplicate) + " cm_mads_bad=" + std::to_string(c.mads_bad);
 }
 
 size_t CmService::object_count()
