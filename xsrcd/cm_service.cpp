@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <infiniband/verbs.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <random>
 
 #include "cm_state.h"
+#include "common/fd.h"
 #include "log.h"
 
 namespace xsrc {
@@ -54,54 +56,26 @@ uint8_t private_len(const Id &id, uint8_t size)
 	return id.src.ss_family == kAfIb ? size : static_cast<uint8_t>(size - kIpCmHeader);
 }
 
-bool link_local(const Gid &g)
+// The address the kernel's routing table sends to `dst` from (a connected
+// UDP socket's name: no packet leaves), as rdma_resolve_addr's route lookup
+// finds it; nothing when there is no route.
+std::optional<sockaddr_storage> route_source(const sockaddr_storage &dst)
 {
-	return g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80;
-}
-
-bool ipv4_mapped(const Gid &g)
-{
-	return std::all_of(g.raw.begin(), g.raw.begin() + 10, [](uint8_t b) { return b == 0; }) && g.raw[10] == 0xff &&
-	       g.raw[11] == 0xff;
-}
-
-// Where a route to another host's address leaves from: the lowest-numbered
-// device's GID of the address's kind (for IPv6, link-local to link-local).
-std::optional<Local> wire_source(const std::vector<CmDevice> &devs, const sockaddr_storage &dst)
-{
-	const Gid to = gid_of(dst);
-	std::optional<Local> best;
-	for (const CmDevice &d : devs) {
-		if (d.netdev.loopback || (best && best->device.index < d.index))
-			continue;
-		for (unsigned i = 0; i < d.gids.size(); ++i) {
-			const Gid &g = d.gids[i];
-			if (g == Gid{} || ipv4_mapped(g) != (dst.ss_family == AF_INET) ||
-			    (dst.ss_family == AF_INET6 && link_local(g) != link_local(to)))
-				continue;
-			best = Local{d, i, g};
-			break;
-		}
-	}
-	return best;
-}
-
-// The socket address a local GID stands for (no port).
-sockaddr_storage address_of(const Local &l, sa_family_t family)
-{
-	sockaddr_storage a{};
-	if (family == AF_INET) {
-		auto &in = reinterpret_cast<sockaddr_in &>(a);
-		in.sin_family = AF_INET;
-		std::memcpy(&in.sin_addr, l.gid.raw.data() + 12, 4);
-	} else {
-		auto &in6 = reinterpret_cast<sockaddr_in6 &>(a);
-		in6.sin6_family = AF_INET6;
-		std::memcpy(&in6.sin6_addr, l.gid.raw.data(), 16);
-		if (link_local(l.gid))
-			in6.sin6_scope_id = static_cast<uint32_t>(l.device.netdev.ifindex);
-	}
-	return a;
+	unique_fd fd(::socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+	if (!fd)
+		return std::nullopt;
+	sockaddr_storage to = dst;
+	if (port_of(to) == 0)
+		set_port(to, 9);  // any port: connect() wants one
+	socklen_t len = static_cast<socklen_t>(address_size(dst.ss_family));
+	if (::connect(fd.get(), reinterpret_cast<const sockaddr *>(&to), len))
+		return std::nullopt;
+	sockaddr_storage from{};
+	len = sizeof(from);
+	if (getsockname(fd.get(), reinterpret_cast<sockaddr *>(&from), &len))
+		return std::nullopt;
+	set_port(from, 0);
+	return from;
 }
 
 std::mt19937 &rng()
@@ -361,7 +335,11 @@ uint32_t State::destroy_id(uint32_t handle)
 	if (it == ids.end())
 		return 0;
 	Id &id = it->second;
-	teardown(id);
+	// A DREQ to another host still unanswered: the id outlives its channel
+	// until the DREP (or the last retry), or the peer would never hear it.
+	const bool linger = id.remote && id.wire && id.cm == CmState::DreqSent;
+	if (!linger)
+		teardown(id);
 	std::vector<uint32_t> requests;
 	if (auto ch = channels.find(id.channel); ch != channels.end()) {
 		auto &events = ch->second.events;
@@ -375,7 +353,13 @@ uint32_t State::destroy_id(uint32_t handle)
 		leave(mc);
 	release_port(id);
 	uint32_t reported = id.events_reported;
-	ids.erase(it);
+	if (linger) {
+		id.channel = 0;
+		id.uid = 0;  // its events go nowhere
+		id.wire->expired = [this](Id &self) { ids.erase(self.handle); };
+	} else {
+		ids.erase(it);
+	}
 	// Requests the application never saw die with their listener: their
 	// requesters are rejected.
 	for (uint32_t r : requests)
@@ -560,22 +544,25 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 			set_port(id.src, port);
 		}
 	} else if (!is_loopback(dst) && (dst.ss_family == AF_INET || dst.ss_family == AF_INET6)) {
-		// Another host's address: the IB CM talks to it over the wire (cm_wire.cpp).
-		if (!source)
-			source = wire_source(devs, dst);
-		if (source) {
+		// Another host's address, routed out of an xsrc device's netdev: the
+		// IB CM talks to it over the wire (cm_wire.cpp).
+		auto from = route_source(dst);
+		std::optional<Local> out = from ? find_local(devs, *from) : std::nullopt;
+		if (out) {
+			if (!source)
+				source = out;
 			dgid = gid_of(dst);
 			peer_mtu = source->device.active_mtu;
 			remote = true;
 			if (is_any(id.src)) {
 				uint16_t port = port_of(id.src);
-				id.src = address_of(*source, dst.ss_family);
+				id.src = *from;
 				set_port(id.src, port);
 			}
 		}
 	}
 	if (!source || !dgid) {
-		// No xsrc device of this host has an address of that family.
+		// No route, or one that leaves from no xsrc device.
 		id.state = IdState::AddrBound;
 		queue_id_event(id, kEvAddrError, -EHOSTUNREACH);
 		return 0;
@@ -682,6 +669,8 @@ void State::connect_sidr(Id &id, Id *listener)
 
 int State::connect(Id &id, ConnParams params)
 {
+	if (id.remote && !id.local)
+		return refuse(ENODEV, "connect: the route's device is gone");
 	id.state = IdState::Connect;
 	id.active = true;
 	id.mine = std::move(params);

@@ -32,7 +32,7 @@ inline constexpr uint8_t kIpCmHeader = 36;
 inline constexpr uint8_t kReqPrivate = 92, kRepPrivate = 196, kRejPrivate = 148,
 			 kDreqPrivate = 220, kSidrReqPrivate = 216, kSidrRepPrivate = 136;
 // REJ reasons and SIDR REP statuses (IBA 12.6.7.2, 12.11.2).
-inline constexpr uint32_t kRejTimeout = 1, kRejInvalidServiceId = 8, kRejConsumerDefined = 28,
+inline constexpr uint32_t kRejTimeout = 4, kRejInvalidCommId = 6, kRejInvalidServiceId = 8, kRejConsumerDefined = 28,
 			  kRejVendorOptionNotSupported = 35;
 inline constexpr uint32_t kSidrUnsupported = 1, kSidrReject = 2;
 

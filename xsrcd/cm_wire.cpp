@@ -240,7 +240,7 @@ Mad req_mad(const Id &id, uint32_t comm, uint64_t tid, uint64_t sid)
 	Mad m = new_mad(kReq, tid);
 	put32(m, 0, comm);
 	put64(m, 8, sid);
-	put64(m, 16, id.local->device.node_guid);
+	put64(m, 16, id.local ? id.local->device.node_guid : 0);
 	put24(m, 32, p.qp_num);
 	put8(m, 35, p.responder_resources);
 	put8(m, 39, p.initiator_depth);
@@ -290,7 +290,7 @@ Mad rep_mad(const Id &id, uint32_t comm)
 	put8(m, 25, p.initiator_depth);
 	put8(m, 26, p.flow_control & 1);  // target ACK delay 0, failover accepted
 	put8(m, 27, static_cast<uint8_t>((p.rnr_retry_count & 7) << 5 | (p.srq ? 0x10 : 0)));
-	put64(m, 28, id.local->device.node_guid);
+	put64(m, 28, id.local ? id.local->device.node_guid : 0);
 	put_bytes(m, kRepPrivateAt, p.private_data, kRepPrivate);
 	return m;
 }
@@ -711,11 +711,16 @@ void on_sidr_rep(State &s, const Received &r)
 	s.queue(id->channel, ev);
 }
 
-void on_rep(State &s, const Received &r)
+void on_rep(State &s, int ifindex, const Received &r)
 {
 	const Mad &m = r.mad;
 	Id *id = s.by_comm_id(get32(m, 4), r.sgid);
-	if (!id || !id->active)
+	if (!id) {  // no such request (any more): the replier stops waiting for an RTU
+		s.send_mad(r.dgid, r.sgid, ifindex,
+			   rej_mad(mad_tid(m), 0, get32(m, 0), kRejectedRep, kRejInvalidCommId, {}));
+		return;
+	}
+	if (!id->active)
 		return;
 	if (id->cm == CmState::Established) {  // our RTU was lost: it again
 		if (!id->wire->last.empty())
@@ -827,6 +832,10 @@ void on_drep(State &s, const Received &r)
 	Id *id = s.by_comm_id(get32(r.mad, 4), r.sgid);
 	if (!id || id->cm != CmState::DreqSent)
 		return;
+	if (!id->channel) {  // destroyed while its DREQ was out (State::destroy_id)
+		s.ids.erase(id->handle);
+		return;
+	}
 	id->wire->last.clear();
 	id->state = IdState::Disconnect;
 	ConnParams none;
@@ -855,7 +864,7 @@ void State::wire_receive(int ifindex, std::span<const uint8_t> ip_packet)
 		on_rej(*this, *r);
 		break;
 	case kRep:
-		on_rep(*this, *r);
+		on_rep(*this, ifindex, *r);
 		break;
 	case kRtu:
 		on_rtu(*this, *r);

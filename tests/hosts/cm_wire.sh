@@ -9,6 +9,10 @@
 #   cm_wire.sh PORT refused   a port with no listener: REJECTED at once; a
 #                             peer host without xsrcd: the connect fails
 #                             within the retry budget, never hangs
+#   cm_wire.sh PORT lossy     every other CM MAD a host sends is lost and every
+#                             one that goes out arrives twice (nftables):
+#                             resends and duplicates, rping and ucmatose still
+#                             connect, exchange and disconnect
 set -u
 port=$1
 mode=$2
@@ -145,8 +149,42 @@ refused)
   echo "ok: no daemon: failed in $took s"
   "$hosts" run 2 "$XSRC" status | grep -o "cm_mads[a-z_]*=[0-9]*" | tr '\n' ' '; echo
   ;;
+lossy)
+  # On each host's veth: of the CM MADs (UD SEND Only to QP1) it sends, drop
+  # every other one, and send each one that survives twice (the copy, marked,
+  # passes the hook again untouched).
+  for i in 1 2; do
+    ns=$XSRC_HOSTS_PREFIX-$i
+    ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nftables cannot make host $i's link lose MADs"; exit 1; }
+table netdev cmloss {
+  chain out {
+    type filter hook egress device "$ns" priority 0;
+    meta mark 0x4d4144 accept
+    udp dport 4791 @th,64,8 0x64 @th,104,24 1 numgen inc mod 2 == 0 counter drop
+    udp dport 4791 @th,64,8 0x64 @th,104,24 1 meta mark set 0x4d4144 counter dup to "$ns"
+  }
+}
+NFT
+  done
+  pair "rping -V -C 10, MADs lost and duplicated" 60 rping -s -a 10.77.0.1 -p "$port" -V -C 10 -- \
+    rping -c -a 10.77.0.1 -p "$port" -V -C 10
+  pair "rping -V -C 10 over IPv6, MADs lost and duplicated" 60 rping -s -a fd77::1 -p "$port" -V -C 10 -- \
+    rping -c -a fd77::1 -p "$port" -V -C 10
+  pair "ucmatose -c 3, MADs lost and duplicated" 90 ucmatose -b 10.77.0.1 -p "$port" -c 3 -C 10 -- \
+    ucmatose -s 10.77.0.1 -p "$port" -c 3 -C 10
+  pair "udaddy, MADs lost and duplicated" 60 udaddy -b 10.77.0.1 -- udaddy -s 10.77.0.1
+  for i in 1 2; do
+    ip netns exec "$XSRC_HOSTS_PREFIX-$i" nft list chain netdev cmloss out | grep -o "packets [0-9]* .*" | sed "s/^/host $i: /"
+    status=$("$hosts" run "$i" "$XSRC" status | grep -o "cm_mads[a-z_]*=[0-9]*" | tr '\n' ' ')
+    echo "host $i: $status"
+    resent=$(echo "$status" | sed -n 's/.*cm_mads_resent=\([0-9]*\).*/\1/p')
+    dups=$(echo "$status" | sed -n 's/.*cm_mads_duplicate=\([0-9]*\).*/\1/p')
+    [ "${resent:-0}" -gt 0 ] || bad "host $i resent no MAD"
+    [ "${dups:-0}" -gt 0 ] || bad "host $i saw no duplicate MAD"
+  done
+  ;;
 *)
-  echo "usage: cm_wire.sh PORT connect|refused"; exit 2 ;;
+  echo "usage: cm_wire.sh PORT connect|refused|lossy"; exit 2 ;;
 esac
 
 trap - EXIT
