@@ -55,6 +55,10 @@ public:
 	virtual void readable(uint64_t channel) = 0;
 };
 
+// Is this RoCE v2 packet (IP header .. ICRC) for QP1, the GSI QP, which
+// carries the CM's MADs between hosts?
+bool is_gsi_packet(std::span<const uint8_t> ip_packet);
+
 class CmService {
 public:
 	explicit CmService(CmHost &host);
@@ -91,8 +95,14 @@ public:
 	// lose it (commands that need a device then fail EINVAL).
 	void device_removed(const std::string &name);
 
+	// A CM MAD from the wire (a packet is_gsi_packet() took), the ICRC
+	// checked, that came in on netdev `ifindex`: IP header .. ICRC.
+	void wire_receive(int ifindex, std::span<const uint8_t> ip_packet);
+
 	// Live ids, multicast joins and channels, for tests and `xsrc status`.
 	size_t object_count();
+	// The CM MADs counted between hosts, as " name=value" pairs for `xsrc status`.
+	std::string wire_status();
 
 	struct Impl;
 

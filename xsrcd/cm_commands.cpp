@@ -421,7 +421,7 @@ int init_qp_attr(const Id &id, uint32_t state, ib_uverbs_qp_attr &a)
 		a.ah_attr = ah_attr_of(id.route);
 		a.path_mtu = static_cast<uint32_t>(id.route.mtu);
 		a.dest_qp_num = id.theirs.qp_num;
-		a.rq_psn = id.psn;
+		a.rq_psn = id.remote ? id.peer_psn : id.psn;  // the peer's send PSN
 		if (rc) {
 			a.qp_attr_mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
 			a.max_dest_rd_atomic = rr;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <infiniband/verbs.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <random>
 
 #include "cm_state.h"
+#include "common/fd.h"
 #include "log.h"
 
 namespace xsrc {
@@ -52,6 +54,28 @@ ConnParams swapped(ConnParams p)
 uint8_t private_len(const Id &id, uint8_t size)
 {
 	return id.src.ss_family == kAfIb ? size : static_cast<uint8_t>(size - kIpCmHeader);
+}
+
+// The address the kernel's routing table sends to `dst` from (a connected
+// UDP socket's name: no packet leaves), as rdma_resolve_addr's route lookup
+// finds it; nothing when there is no route.
+std::optional<sockaddr_storage> route_source(const sockaddr_storage &dst)
+{
+	unique_fd fd(::socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+	if (!fd)
+		return std::nullopt;
+	sockaddr_storage to = dst;
+	if (port_of(to) == 0)
+		set_port(to, 9);  // any port: connect() wants one
+	socklen_t len = static_cast<socklen_t>(address_size(dst.ss_family));
+	if (::connect(fd.get(), reinterpret_cast<const sockaddr *>(&to), len))
+		return std::nullopt;
+	sockaddr_storage from{};
+	len = sizeof(from);
+	if (getsockname(fd.get(), reinterpret_cast<sockaddr *>(&from), &len))
+		return std::nullopt;
+	set_port(from, 0);
+	return from;
 }
 
 std::mt19937 &rng()
@@ -249,6 +273,10 @@ void State::cancel(uint64_t token)
 // REJ, DREQ or DREP (ib_destroy_cm_id sends whichever its state calls for).
 void State::teardown(Id &id)
 {
+	if (id.remote) {
+		wire_teardown(id);
+		return;
+	}
 	auto it = ids.find(id.peer);
 	Id *peer = it == ids.end() ? nullptr : &it->second;
 	CmState was = id.cm;
@@ -307,7 +335,11 @@ uint32_t State::destroy_id(uint32_t handle)
 	if (it == ids.end())
 		return 0;
 	Id &id = it->second;
-	teardown(id);
+	// A DREQ to another host still unanswered: the id outlives its channel
+	// until the DREP (or the last retry), or the peer would never hear it.
+	const bool linger = id.remote && id.wire && id.cm == CmState::DreqSent;
+	if (!linger)
+		teardown(id);
 	std::vector<uint32_t> requests;
 	if (auto ch = channels.find(id.channel); ch != channels.end()) {
 		auto &events = ch->second.events;
@@ -321,7 +353,13 @@ uint32_t State::destroy_id(uint32_t handle)
 		leave(mc);
 	release_port(id);
 	uint32_t reported = id.events_reported;
-	ids.erase(it);
+	if (linger) {
+		id.channel = 0;
+		id.uid = 0;  // its events go nowhere
+		id.wire->expired = [this](Id &self) { ids.erase(self.handle); };
+	} else {
+		ids.erase(it);
+	}
 	// Requests the application never saw die with their listener: their
 	// requesters are rejected.
 	for (uint32_t r : requests)
@@ -484,6 +522,7 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 		return refuse(EINVAL, "resolve_addr: not bound");
 	id.state = IdState::AddrQuery;
 	id.dst = dst;
+	bool remote = false;
 
 	const std::vector<CmDevice> devs = devices();
 	std::optional<Local> source = id.local;
@@ -504,14 +543,32 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 			id.src = dst;
 			set_port(id.src, port);
 		}
+	} else if (!is_loopback(dst) && (dst.ss_family == AF_INET || dst.ss_family == AF_INET6)) {
+		// Another host's address, routed out of an xsrc device's netdev: the
+		// IB CM talks to it over the wire (cm_wire.cpp).
+		auto from = route_source(dst);
+		std::optional<Local> out = from ? find_local(devs, *from) : std::nullopt;
+		if (out) {
+			if (!source)
+				source = out;
+			dgid = gid_of(dst);
+			peer_mtu = source->device.active_mtu;
+			remote = true;
+			if (is_any(id.src)) {
+				uint16_t port = port_of(id.src);
+				id.src = *from;
+				set_port(id.src, port);
+			}
+		}
 	}
 	if (!source || !dgid) {
-		// No xsrc device reaches it: this host's device has no wire yet.
+		// No route, or one that leaves from no xsrc device.
 		id.state = IdState::AddrBound;
 		queue_id_event(id, kEvAddrError, -EHOSTUNREACH);
 		return 0;
 	}
 	set_route(id, *source, *dgid, peer_mtu);
+	id.remote = remote;
 	id.state = IdState::AddrResolved;
 	queue_id_event(id, kEvAddrResolved, 0);
 	return 0;
@@ -612,10 +669,19 @@ void State::connect_sidr(Id &id, Id *listener)
 
 int State::connect(Id &id, ConnParams params)
 {
+	if (id.remote && !id.local)
+		return refuse(ENODEV, "connect: the route's device is gone");
 	id.state = IdState::Connect;
 	id.active = true;
 	id.mine = std::move(params);
 	id.psn = rng()() & 0xffffff;
+	if (id.remote) {  // another host's: REQ (or SIDR REQ) on the wire
+		if (id.qp_type == IBV_QPT_UD)
+			wire_connect_sidr(id);
+		else
+			wire_connect(id);
+		return 0;
+	}
 	Id *listener = find_listener(port_space(id), id.dst);
 	if (id.qp_type == IBV_QPT_UD) {
 		connect_sidr(id, listener);
@@ -671,6 +737,10 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		id.mine = rep;
 		id.cm = CmState::None;
 		id.peer = 0;
+		if (id.remote) {
+			wire_accept_sidr(id, rep, 0);
+			return 0;
+		}
 		if (peer && peer->cm == CmState::SidrReqSent) {
 			detach_peer(*peer, CmState::None);
 			Event ev;
@@ -691,10 +761,14 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		return 0;
 	}
 	if (params) {  // the passive side's REP
-		if (id.cm != CmState::ReqRcvd || !peer)
+		if (id.cm != CmState::ReqRcvd || (!peer && !id.remote))
 			return refuse(EINVAL, "accept: no request to answer");
 		id.mine = *params;
 		id.uid = uid;
+		if (id.remote) {
+			wire_accept(id);
+			return 0;
+		}
 		id.cm = CmState::RepSent;
 		peer->theirs = *params;
 		peer->cm = CmState::RepRcvd;
@@ -715,6 +789,10 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 	if (id.cm != CmState::RepRcvd)
 		return refuse(EINVAL, "accept: no reply to confirm");
 	id.cm = CmState::Established;
+	if (id.remote) {
+		wire_rtu(id);
+		return 0;
+	}
 	if (peer && peer->cm == CmState::RepSent) {
 		peer->cm = CmState::Established;
 		peer->timer = 0;
@@ -732,6 +810,10 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 	if (id.cm == CmState::SidrReqRcvd) {
 		id.cm = CmState::None;
 		id.peer = 0;
+		if (id.remote) {
+			wire_accept_sidr(id, rej, static_cast<uint8_t>(kSidrReject));
+			return 0;
+		}
 		if (peer && peer->cm == CmState::SidrReqSent) {
 			detach_peer(*peer, CmState::None);
 			queue_id_event(*peer, kEvUnreachable, static_cast<int32_t>(kSidrReject), &rej,
@@ -748,6 +830,11 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 	default:
 		return refuse(EINVAL, "reject: nothing to reject");
 	}
+	if (id.remote) {
+		wire_reject(id, reason, rej.private_data);
+		detach_peer(id, CmState::Timewait);
+		return 0;
+	}
 	detach_peer(id, CmState::Timewait);
 	if (peer && peer->peer == id.handle) {
 		detach_peer(*peer, CmState::Timewait);
@@ -757,13 +844,13 @@ int State::reject(Id &id, uint8_t reason, std::vector<uint8_t> private_data)
 }
 
 // Both ends of a connection that ended: TIMEWAIT_EXIT after the IB CM's time wait.
-static void enter_timewait(State &s, Id &id)
+void State::enter_timewait(Id &id)
 {
 	id.cm = CmState::Timewait;
 	id.peer = 0;
-	s.arm(id, kTimewait, [&s](Id &self) {
+	arm(id, kTimewait, [this](Id &self) {
 		if (self.cm == CmState::Timewait)
-			s.queue_id_event(self, kEvTimewaitExit, 0);
+			queue_id_event(self, kEvTimewaitExit, 0);
 	});
 }
 
@@ -771,6 +858,11 @@ int State::disconnect(Id &id)
 {
 	if (id.cm == CmState::None)
 		return refuse(EINVAL, "disconnect: never connected");
+	if (id.remote) {  // DREQ, or the DREP to the peer's
+		if (connected_ish(id.cm) || id.cm == CmState::DreqRcvd)
+			wire_disconnect(id);
+		return 0;
+	}
 	auto it = ids.find(id.peer);
 	Id *peer = it == ids.end() || it->second.peer != id.handle ? nullptr : &it->second;
 	ConnParams none;
@@ -784,7 +876,7 @@ int State::disconnect(Id &id)
 		}
 		if (!peer) {  // nobody to answer: the DREQ times out at once
 			id.state = IdState::Disconnect;
-			enter_timewait(*this, id);
+			enter_timewait(id);
 			queue_id_event(id, kEvDisconnected, -ETIMEDOUT, &none, 0);
 			return 0;
 		}
@@ -794,16 +886,16 @@ int State::disconnect(Id &id)
 			self.state = IdState::Disconnect;
 			ConnParams nothing;
 			queue_id_event(self, kEvDisconnected, -ETIMEDOUT, &nothing, 0);
-			enter_timewait(*this, self);
+			enter_timewait(self);
 		});
 		return 0;
 	}
 	if (id.cm == CmState::DreqRcvd) {  // DREP
-		enter_timewait(*this, id);
+		enter_timewait(id);
 		if (peer && peer->cm == CmState::DreqSent) {
 			peer->state = IdState::Disconnect;
 			queue_id_event(*peer, kEvDisconnected, 0, &none, 0);
-			enter_timewait(*this, *peer);
+			enter_timewait(*peer);
 		}
 	}
 	return 0;  // anything else: the IB CM has nothing to send, and says nothing
@@ -957,6 +1049,23 @@ void CmService::device_removed(const std::string &name)
 		id.local.reset();
 		s.queue_id_event(id, cm::kEvDeviceRemoval, 0);
 	}
+}
+
+void CmService::wire_receive(int ifindex, std::span<const uint8_t> ip_packet)
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	s.wire_receive(ifindex, ip_packet);
+}
+
+std::string CmService::wire_status()
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	const auto &c = s.counters;
+	return " cm_mads_sent=" + std::to_string(c.mads_sent) + " cm_mads_resent=" + std::to_string(c.mads_resent) +
+	       " cm_mads_received=" + std::to_string(c.mads_received) +
+	       " cm_mads_duplicate=" + std::to_string(c.mads_duplicate) + " cm_mads_bad=" + std::to_string(c.mads_bad);
 }
 
 size_t CmService::object_count()

@@ -13,11 +13,13 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "cm.h"
 #include "cm_addr.h"
+#include "wire/sender.h"
 
 namespace xsrc::cm {
 
@@ -30,7 +32,7 @@ inline constexpr uint8_t kIpCmHeader = 36;
 inline constexpr uint8_t kReqPrivate = 92, kRepPrivate = 196, kRejPrivate = 148,
 			 kDreqPrivate = 220, kSidrReqPrivate = 216, kSidrRepPrivate = 136;
 // REJ reasons and SIDR REP statuses (IBA 12.6.7.2, 12.11.2).
-inline constexpr uint32_t kRejTimeout = 1, kRejInvalidServiceId = 8, kRejConsumerDefined = 28,
+inline constexpr uint32_t kRejTimeout = 4, kRejInvalidCommId = 6, kRejInvalidServiceId = 8, kRejConsumerDefined = 28,
 			  kRejVendorOptionNotSupported = 35;
 inline constexpr uint32_t kSidrUnsupported = 1, kSidrReject = 2;
 
@@ -72,6 +74,18 @@ struct ConnParams {
 	rdma_ucm_ece ece{};
 };
 
+// The far end of a connection with another host, as its MADs name it.
+struct Id;
+struct WirePeer {
+	Gid gid;                   // its address as a GID (where MADs go)
+	int ifindex = 0;           // the netdev they leave from
+	uint32_t comm_id = 0;      // its communication id (0 until it told us)
+	uint64_t tid = 0;          // the transaction id of the exchange under way
+	std::vector<uint8_t> last; // the last MAD we sent, for a resend or a duplicate
+	unsigned sends = 0;        // times `last` went out (retries + 1)
+	std::function<void(Id &)> expired;  // what the retries running out means
+};
+
 struct Id {
 	uint32_t handle = 0;
 	uint64_t uid = 0;          // the caller's context, echoed in events
@@ -98,6 +112,11 @@ struct Id {
 	ConnParams mine, theirs;
 	uint64_t timer = 0;        // the pending timeout's generation (0: none)
 	std::set<uint32_t> mcs;
+	// The other end is on another host: the IB CM's messages travel as MADs
+	// (cm_wire.cpp) instead of changing a peer of this daemon.
+	bool remote = false;       // the route leads off this host
+	std::optional<WirePeer> wire;
+	uint32_t peer_psn = 0;     // a remote peer's starting PSN (our receive PSN)
 };
 
 // This end is done with its peer: the IB CM state it ends in, no peer, no
@@ -213,11 +232,40 @@ private:
 	int take_port(Id &id, uid_t uid, bool listening);
 	void release_port(Id &id);
 	int check_port(const Id &id, const std::set<uint32_t> &owners, bool reuseaddr) const;
-	Id *find_listener(uint16_t space, const sockaddr_storage &dst);
 	void teardown(Id &id);
 	void connect_sidr(Id &id, Id *listener);
 	void set_route(Id &id, const Local &src, const Gid &dgid, int peer_mtu);
 	void timer_loop();
+public:
+	// The IB CM between hosts (cm_wire.cpp): a MAD from the wire, and the
+	// messages this host's ids send to remote peers.
+	void wire_receive(int ifindex, std::span<const uint8_t> ip_packet);
+	uint32_t comm_id(const Id &id) const { return id.handle ^ comm_salt_; }
+	Id *by_comm_id(uint32_t comm, const Gid &from);
+	void wire_connect(Id &id);
+	void wire_accept(Id &id);
+	void wire_rtu(Id &id);
+	void wire_reject(Id &id, uint16_t reason, const std::vector<uint8_t> &private_data);
+	void wire_disconnect(Id &id);
+	void wire_teardown(Id &id);
+	void wire_connect_sidr(Id &id);
+	void wire_accept_sidr(Id &id, const ConnParams &rep, uint8_t status);
+	// Sends `mad` to the id's peer and, when `retry`, again on a timeout
+	// until the retries run out, then `expired`.
+	void wire_send(Id &id, std::vector<uint8_t> mad, bool retry, std::function<void(Id &)> expired = {});
+	void wire_resend(Id &id, std::chrono::milliseconds timeout);
+	void send_mad(const Gid &sgid, const Gid &dgid, int ifindex, std::span<const uint8_t> mad);
+	void enter_timewait(Id &id);
+	Id *find_listener(uint16_t space, const sockaddr_storage &dst);
+	struct {
+		uint64_t mads_sent = 0, mads_resent = 0, mads_received = 0, mads_duplicate = 0, mads_bad = 0;
+	} counters;
+
+private:
+	uint32_t comm_salt_ = static_cast<uint32_t>(std::random_device{}());
+	std::unique_ptr<xsrc_wire_sender> wire_sender_;
+	uint32_t next_sidr_ = 1;
+	uint32_t mad_psn_ = 0;
 
 	std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;
 	uint64_t next_timer_ = 1;

@@ -107,7 +107,12 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 	int err = 0;
 	auto receiver = WireReceiver::start(
 		ifindex,
-		[this, name](std::span<const uint8_t> packet) {
+		[this, name, ifindex](std::span<const uint8_t> packet) {
+			// CM MADs go to the cm, which takes its own lock (and ours after it).
+			if (gsi_hook_ && is_gsi_packet(packet)) {
+				gsi_hook_(ifindex, packet);
+				return WireOutcome::delivered;
+			}
 			auto lock = this->lock();
 			Device *dev = find_device_locked(name);
 			return dev ? wire_deliver(*dev, packet) : WireOutcome::dropped;

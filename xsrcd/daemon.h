@@ -55,6 +55,10 @@ public:
 
 	// Called with the device's name after it was removed (the cm tells its ids).
 	void set_device_removed_hook(std::function<void(const std::string &)> hook);
+	// Where the wire's QP1 (GSI) packets go: the cm, with the netdev they
+	// came in on. Set before any device exists, cleared after the last.
+	using GsiHook = std::function<void(int ifindex, std::span<const uint8_t> ip_packet)>;
+	void set_gsi_hook(GsiHook hook) { gsi_hook_ = std::move(hook); }
 
 	// The connection manager's view (CmHost).
 	std::vector<CmDevice> cm_devices() override;
@@ -95,6 +99,7 @@ private:
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
 	unique_fd owner_watch_;  // epoll over the owners' pidfds
 	std::function<void(const std::string &)> device_removed_;
+	GsiHook gsi_hook_;
 	std::mutex wire_mu_;  // taken after mu_, never before it
 	std::map<std::string, std::unique_ptr<WireReceiver>> wire_receivers_;  // by device name
 };

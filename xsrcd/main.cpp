@@ -147,6 +147,7 @@ int main(int argc, char **argv)
 		daemon.set_abi_revision(abi_revision);  // validated above
 		xsrc::CmService cm(daemon);
 		daemon.set_device_removed_hook([&cm](const std::string &name) { cm.device_removed(name); });
+		daemon.set_gsi_hook([&cm](int ifindex, std::span<const uint8_t> packet) { cm.wire_receive(ifindex, packet); });
 		xsrc::FuseFs fuse(daemon, cm, fuse_root);
 		if (int err = fuse.mount()) {
 			fprintf(stderr, "xsrcd: cannot mount the command file system at %s: %s\n",
@@ -173,6 +174,7 @@ int main(int argc, char **argv)
 		}
 		daemon.remove_all_devices();
 		daemon.set_device_removed_hook(nullptr);  // the cm goes first
+		daemon.set_gsi_hook(nullptr);             // every receiver is stopped by now
 		fuse.unmount();
 	}
 	fs::remove_all(sysfs_root, ec);

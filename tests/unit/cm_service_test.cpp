@@ -700,5 +700,144 @@ TEST_F(CmServiceTest, MalformedCommands)
 	EXPECT_EQ(run(99, RDMA_USER_CM_CMD_GET_EVENT, g, sizeof(rdma_ucm_event_resp)), EBADF);
 }
 
+// --- the IB CM from another host (cm_wire.cpp) ----------------------------------
+
+// A CM MAD as a RoCE v2 IPv4 packet from 10.0.0.2 to the device (kDeviceIpv4),
+// laid out here from IBTA 12.6 and the kernel's IP CM header, not from xsrc's
+// codec: IPv4, UDP to 4791, BTH (UD SEND Only, P_Key 0xFFFF, dest QP 1), DETH
+// (Q_Key 0x80010000, source QP 1), the 256-byte MAD, a 4-byte ICRC slot.
+struct MadPacket {
+	std::vector<uint8_t> bytes = std::vector<uint8_t>(20 + 8 + 12 + 8 + 256 + 4);
+	uint8_t *mad() { return bytes.data() + 48; }
+	uint8_t *cm() { return mad() + 24; }  // the CM message after the MAD header
+	void be(uint8_t *at, uint64_t v, int n)
+	{
+		for (int i = 0; i < n; ++i)
+			at[i] = static_cast<uint8_t>(v >> (8 * (n - 1 - i)));
+	}
+	MadPacket(uint16_t attr, uint64_t tid)
+	{
+		uint8_t *ip = bytes.data();
+		ip[0] = 0x45;
+		be(ip + 2, bytes.size(), 2);
+		ip[8] = 64;
+		ip[9] = 17;
+		inet_pton(AF_INET, "10.0.0.2", ip + 12);
+		inet_pton(AF_INET, kDeviceIpv4, ip + 16);
+		be(ip + 20, 0xC000, 2);
+		be(ip + 22, 4791, 2);
+		be(ip + 24, bytes.size() - 20, 2);
+		uint8_t *bth = ip + 28;
+		bth[0] = 0x64;
+		be(bth + 2, 0xFFFF, 2);
+		be(bth + 5, 1, 3);
+		be(bth + 12, 0x80010000, 4);
+		be(bth + 17, 1, 3);
+		mad()[0] = 1;     // base version
+		mad()[1] = 0x07;  // class: CM
+		mad()[2] = 2;     // class version
+		mad()[3] = 0x03;  // Send
+		be(mad() + 8, tid, 8);
+		be(mad() + 16, attr, 2);
+	}
+};
+
+// A REQ from 10.0.0.2:40000, communication id 0x1234, QPN 0x300, PSN 0xabcdef,
+// to `port` of the TCP port space, with `user` after the IP CM header.
+MadPacket wire_req(uint16_t port, const char *user, uint8_t ip_cm_version = 0)
+{
+	MadPacket p(0x0010, 0x77);
+	uint8_t *m = p.cm();
+	p.be(m + 0, 0x1234, 4);
+	p.be(m + 8, 0x0000000001060000ull | port, 8);
+	p.be(m + 32, 0x300, 3);
+	m[35] = 4;  // responder resources
+	m[39] = 2;  // initiator depth
+	p.be(m + 44, 0xabcdef, 3);
+	m[47] = 7;  // retry count
+	m[50] = 3 << 4 | 6;  // path MTU 1024, RNR retry 6
+	uint8_t *h = m + 140;
+	h[0] = ip_cm_version;
+	h[1] = 0x40;
+	p.be(h + 2, 40000, 2);
+	inet_pton(AF_INET, "10.0.0.2", h + 4 + 12);
+	inet_pton(AF_INET, kDeviceIpv4, h + 20 + 12);
+	std::memcpy(h + 36, user, std::strlen(user));
+	return p;
+}
+
+TEST_F(CmServiceTest, WireReqBecomesAConnectRequest)
+{
+	listener = create_id(server);
+	ASSERT_EQ(bind(server, listener, ip(kDeviceIpv4, 5100)), 0);
+	ASSERT_EQ(listen(server, listener), 0);
+	MadPacket req = wire_req(5100, "from afar");
+	ASSERT_TRUE(is_gsi_packet(req.bytes));
+	cm.wire_receive(7, req.bytes);
+	auto ev = event(server);
+	ASSERT_TRUE(ev);
+	ASSERT_EQ(ev->event, kConnectRequest);
+	EXPECT_EQ(ev->param.conn.qp_num, 0x300u);
+	// The requester's resources, as this side sees them.
+	EXPECT_EQ(ev->param.conn.responder_resources, 2);
+	EXPECT_EQ(ev->param.conn.initiator_depth, 4);
+	EXPECT_EQ(ev->param.conn.rnr_retry_count, 6);
+	EXPECT_EQ(ev->param.conn.private_data_len, 92 - 36);
+	EXPECT_STREQ(reinterpret_cast<const char *>(ev->param.conn.private_data), "from afar");
+	passive = ev->id;
+	// The same REQ again (our REP not yet sent): no second request.
+	cm.wire_receive(7, req.bytes);
+	EXPECT_FALSE(event(server));
+	// RTR takes the requester's PSN and QPN; the QP's MTU is the REQ's.
+	ASSERT_EQ(accept(server, passive, 0x200), 0);
+	ib_uverbs_qp_attr a{};
+	ASSERT_EQ(init_qp_attr(server, passive, IBV_QPS_RTR, a), 0);
+	EXPECT_EQ(a.rq_psn, 0xabcdefu);
+	EXPECT_EQ(a.dest_qp_num, 0x300u);
+	EXPECT_EQ(a.path_mtu, 3u);
+	// An RTU for it: ESTABLISHED. Its remote comm id is ours, which only the
+	// REP (sent to nobody here) told: without it the RTU is nobody's.
+	MadPacket rtu(0x0014, 0x77);
+	rtu.be(rtu.cm(), 0x1234, 4);
+	rtu.be(rtu.cm() + 4, 0xdeadbeef, 4);
+	cm.wire_receive(7, rtu.bytes);
+	EXPECT_FALSE(event(server));
+}
+
+TEST_F(CmServiceTest, WireReqWithoutListenerOrHeaderMakesNoRequest)
+{
+	listener = create_id(server);
+	ASSERT_EQ(bind(server, listener, ip(kDeviceIpv4, 5101)), 0);
+	ASSERT_EQ(listen(server, listener), 0);
+	const size_t before = cm.object_count();
+	cm.wire_receive(7, wire_req(5102, "nobody listens").bytes);
+	cm.wire_receive(7, wire_req(5101, "bad ip cm version", 1).bytes);
+	EXPECT_FALSE(event(server));
+	EXPECT_EQ(cm.object_count(), before);  // no request id was made
+}
+
+TEST_F(CmServiceTest, WireMalformedMadsAreCountedAndIgnored)
+{
+	listener = create_id(server);
+	ASSERT_EQ(bind(server, listener, ip(kDeviceIpv4, 5103)), 0);
+	ASSERT_EQ(listen(server, listener), 0);
+	MadPacket req = wire_req(5103, "x");
+	std::vector<uint8_t> short_packet(req.bytes.begin(), req.bytes.begin() + 100);
+	cm.wire_receive(7, short_packet);
+	MadPacket other_class = wire_req(5103, "x");
+	other_class.mad()[1] = 0x04;  // performance management
+	cm.wire_receive(7, other_class.bytes);
+	MadPacket bad_qkey = wire_req(5103, "x");
+	bad_qkey.bytes[40] = 0x12;
+	cm.wire_receive(7, bad_qkey.bytes);
+	MadPacket unknown_attr(0x0019, 1);
+	cm.wire_receive(7, unknown_attr.bytes);
+	EXPECT_FALSE(event(server));
+	EXPECT_NE(cm.wire_status().find("cm_mads_bad=4"), std::string::npos) << cm.wire_status();
+	MadPacket data = wire_req(5103, "x");
+	data.bytes[28 + 5 + 2] = 0x20;  // dest QP 0x20: not QP1
+	EXPECT_FALSE(is_gsi_packet(data.bytes));
+}
+
 }  // namespace
 }  // namespace xsrc::cmtest

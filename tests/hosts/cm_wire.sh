@@ -1,0 +1,194 @@
+#!/bin/bash
+# rdma_cm between two hosts of the harness (hosts.sh): the IB CM's MADs on
+# QP1 in RoCE v2 (xsrcd/cm_wire.cpp), unmodified librdmacm programs under
+# `xsrc run`, server on host 1, client on host 2.
+#   cm_wire.sh PORT connect   rping -V over IPv4 and IPv6, ucmatose, udaddy
+#                             (SIDR), perftest ib_send_bw/ib_write_bw -R; a
+#                             capture on the bridge decodes in tshark with the
+#                             CM MADs seen and none malformed, every ICRC checks
+#   cm_wire.sh PORT refused   a port with no listener: REJECTED at once; a
+#                             peer host without xsrcd: the connect fails
+#                             within the retry budget, never hangs
+#   cm_wire.sh PORT lossy     every other CM MAD a host sends is lost and every
+#                             one that goes out arrives twice (nftables):
+#                             resends and duplicates, rping and ucmatose still
+#                             connect, exchange and disconnect
+set -u
+port=$1
+mode=$2
+here=$(cd "$(dirname "$0")" && pwd)
+hosts=$here/hosts.sh
+checker=$here/../wire/icrc_check.py
+export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrccm}
+dir=$(mktemp -d)
+server=
+capture=
+cleanup() {
+  [ -z "$server" ] || kill "$server" 2>/dev/null
+  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
+  "$hosts" down
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+start_capture() {
+  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 8192 -U -n -w "$1" udp port 4791 2>"$1.log" &
+  capture=$!
+  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
+  bad "tcpdump did not start: $(cat "$1.log")"
+}
+stop_capture() {
+  local size=-1 now
+  for _ in $(seq 50); do
+    sleep 0.5
+    now=$(stat -c %s "$1")
+    [ "$now" = "$size" ] && break
+    size=$now
+  done
+  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
+}
+# on HOST CMD...: CMD under `xsrc run` on that host.
+on() {
+  local h=$1; shift
+  "$hosts" run "$h" "$XSRC" run -- "$@"
+}
+# pair NAME LIMIT SERVER... -- CLIENT...: server on host 1, client on host 2;
+# both must exit 0 within LIMIT seconds.
+pair() {
+  local name=$1 limit=$2; shift 2
+  local s=() c=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do s+=("$1"); shift; done
+  shift
+  c=("$@")
+  timeout "$limit" "$hosts" run 1 "$XSRC" run -- "${s[@]}" >"$dir/server" 2>&1 &
+  server=$!
+  sleep 1  # the server binds and listens before it prints anything
+  local start=$SECONDS
+  timeout "$limit" "$hosts" run 2 "$XSRC" run -- "${c[@]}" >"$dir/client" 2>&1
+  local rc=$?
+  wait "$server"
+  local src=$?
+  server=
+  if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
+    bad "$name: client rc $rc, server rc $src"
+    echo "== server: ${s[*]}"; cat "$dir/server"
+    echo "== client: ${c[*]}"; cat "$dir/client"
+    return 1
+  fi
+  echo "ok: $name ($((SECONDS - start)) s)"
+}
+
+"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+
+case $mode in
+connect)
+  start_capture "$dir/cm.pcap"
+  pair "rping -V -C 10 over IPv4" 60 rping -s -a 10.77.0.1 -p "$port" -V -C 10 -- \
+    rping -c -a 10.77.0.1 -p "$port" -V -C 10
+  pair "rping -V -C 10 over IPv6" 60 rping -s -a fd77::1 -p "$port" -V -C 10 -- \
+    rping -c -a fd77::1 -p "$port" -V -C 10
+  stop_capture "$dir/cm.pcap"
+  result=$(/usr/bin/python3 "$checker" "$dir/cm.pcap") || bad "ICRC: $result"
+  echo "icrc_check: $result"
+  packets=${result%% *}
+  decoded=$(tshark -r "$dir/cm.pcap" -Y infiniband 2>/dev/null | wc -l)
+  malformed=$(tshark -r "$dir/cm.pcap" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
+  echo "tshark: $decoded of $packets packets decoded as InfiniBand, $malformed malformed"
+  [ "$decoded" -eq "$packets" ] || bad "tshark decoded $decoded of $packets packets as InfiniBand"
+  [ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+  # Each connection: REQ, REP, RTU, DREQ, DREP, seen by tshark's CM dissector, over IPv4 and IPv6.
+  for attr in 0x0010:REQ 0x0013:REP 0x0014:RTU 0x0015:DREQ 0x0016:DREP; do
+    for ip in ip ipv6; do
+      n=$(tshark -r "$dir/cm.pcap" -Y "$ip && infiniband.mad.attributeid == ${attr%:*}" 2>/dev/null | wc -l)
+      [ "$n" -ge 1 ] || bad "no CM ${attr#*:} over $ip in the capture"
+    done
+  done
+  tshark -r "$dir/cm.pcap" -Y 'infiniband.mad.mgmtclass == 0x07' -T fields -e ip.src -e ipv6.src \
+    -e infiniband.mad.attributeid -e infiniband.cm.req.serviceid 2>/dev/null | head -12
+  sid=$(tshark -r "$dir/cm.pcap" -Y 'ip && infiniband.mad.attributeid == 0x0010' -T fields \
+    -e infiniband.cm.req.serviceid 2>/dev/null | head -1)
+  want=$(printf '0x%016x' $((0x01060000 + port)))
+  [ "$sid" = "$want" ] || bad "REQ service id $sid, expected $want (RDMA_PS_TCP, port $port)"
+
+  # The IP CM header of the kernel's rdma_cm in the REQ's private data.
+  n=$(tshark -r "$dir/cm.pcap" -Y 'infiniband.cm.req.ip_cm.dip4 == 10.77.0.1 && infiniband.cm.req.ip_cm.sip4 == 10.77.0.2' 2>/dev/null | wc -l)
+  [ "$n" -ge 1 ] || bad "no REQ with the IPv4 IP CM header (10.77.0.2 to 10.77.0.1)"
+  n=$(tshark -r "$dir/cm.pcap" -Y 'infiniband.cm.req.ip_cm.dip6 == fd77::1 && infiniband.cm.req.ip_cm.sip6 == fd77::2' 2>/dev/null | wc -l)
+  [ "$n" -ge 1 ] || bad "no REQ with the IPv6 IP CM header (fd77::2 to fd77::1)"
+
+  pair "ucmatose" 60 ucmatose -b 10.77.0.1 -p "$port" -C 20 -- ucmatose -s 10.77.0.1 -p "$port" -C 20
+  pair "udaddy (SIDR)" 60 udaddy -b 10.77.0.1 -- udaddy -s 10.77.0.1
+  pair "ib_send_bw -R" 90 ib_send_bw -R -d xsrc0 -p "$port" -n 200 -- \
+    ib_send_bw -R -d xsrc0 -p "$port" -n 200 10.77.0.1
+  pair "ib_write_bw -R" 90 ib_write_bw -R -d xsrc0 -p "$port" -n 200 -- \
+    ib_write_bw -R -d xsrc0 -p "$port" -n 200 10.77.0.1
+  ;;
+refused)
+  # No listener on the port: the peer's CM answers REJ (invalid service id).
+  start=$SECONDS
+  timeout 30 "$hosts" run 2 "$XSRC" run -- rping -c -a 10.77.0.1 -p "$port" -C 1 >"$dir/client" 2>&1
+  rc=$?
+  took=$((SECONDS - start))
+  cat "$dir/client"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "rping to a port with no listener: rc $rc"
+  grep -q "REJECTED" "$dir/client" || bad "rping to a port with no listener was not rejected"
+  [ $took -le 5 ] || bad "rejected after $took s"
+  echo "ok: no listener: rejected in $took s"
+  # A host without xsrcd: nobody answers the REQ; it is resent, then UNREACHABLE.
+  "$hosts" run 1 "$XSRC" down >/dev/null 2>&1
+  start=$SECONDS
+  timeout 60 "$hosts" run 2 "$XSRC" run -- rping -c -a 10.77.0.1 -p "$port" -C 1 >"$dir/client" 2>&1
+  rc=$?
+  took=$((SECONDS - start))
+  cat "$dir/client"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "rping to a host without xsrcd: rc $rc"
+  grep -q "UNREACHABLE" "$dir/client" || bad "rping to a host without xsrcd did not end UNREACHABLE"
+  [ $took -le 15 ] || bad "a host without xsrcd: the connect took $took s"
+  echo "ok: no daemon: failed in $took s"
+  "$hosts" run 2 "$XSRC" status | grep -o "cm_mads[a-z_]*=[0-9]*" | tr '\n' ' '; echo
+  ;;
+lossy)
+  # On each host's veth: of the CM MADs (UD SEND Only to QP1) it sends, drop
+  # every other one, and send each one that survives twice (the copy, marked,
+  # passes the hook again untouched).
+  for i in 1 2; do
+    ns=$XSRC_HOSTS_PREFIX-$i
+    ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nftables cannot make host $i's link lose MADs"; exit 1; }
+table netdev cmloss {
+  chain out {
+    type filter hook egress device "$ns" priority 0;
+    meta mark 0x4d4144 accept
+    udp dport 4791 @th,64,8 0x64 @th,104,24 1 numgen inc mod 2 == 0 counter drop
+    udp dport 4791 @th,64,8 0x64 @th,104,24 1 meta mark set 0x4d4144 counter dup to "$ns"
+  }
+}
+NFT
+  done
+  pair "rping -V -C 10, MADs lost and duplicated" 60 rping -s -a 10.77.0.1 -p "$port" -V -C 10 -- \
+    rping -c -a 10.77.0.1 -p "$port" -V -C 10
+  pair "rping -V -C 10 over IPv6, MADs lost and duplicated" 60 rping -s -a fd77::1 -p "$port" -V -C 10 -- \
+    rping -c -a fd77::1 -p "$port" -V -C 10
+  pair "ucmatose -c 3, MADs lost and duplicated" 90 ucmatose -b 10.77.0.1 -p "$port" -c 3 -C 10 -- \
+    ucmatose -s 10.77.0.1 -p "$port" -c 3 -C 10
+  pair "udaddy, MADs lost and duplicated" 60 udaddy -b 10.77.0.1 -- udaddy -s 10.77.0.1
+  for i in 1 2; do
+    ip netns exec "$XSRC_HOSTS_PREFIX-$i" nft list chain netdev cmloss out | grep -o "packets [0-9]* .*" | sed "s/^/host $i: /"
+    status=$("$hosts" run "$i" "$XSRC" status | grep -o "cm_mads[a-z_]*=[0-9]*" | tr '\n' ' ')
+    echo "host $i: $status"
+    resent=$(echo "$status" | sed -n 's/.*cm_mads_resent=\([0-9]*\).*/\1/p')
+    dups=$(echo "$status" | sed -n 's/.*cm_mads_duplicate=\([0-9]*\).*/\1/p')
+    [ "${resent:-0}" -gt 0 ] || bad "host $i resent no MAD"
+    [ "${dups:-0}" -gt 0 ] || bad "host $i saw no duplicate MAD"
+  done
+  ;;
+*)
+  echo "usage: cm_wire.sh PORT connect|refused|lossy"; exit 2 ;;
+esac
+
+trap - EXIT
+cleanup
+ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
+[ $fail -eq 0 ] && echo "cm_wire $mode: all checks passed"
+exit $fail
