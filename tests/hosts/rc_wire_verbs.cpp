@@ -3,7 +3,9 @@
 // WRITE and WRITE with immediate from 1 byte to 1 MiB (FIRST/MIDDLE/LAST at
 // the path MTU, the data checked on the responder), SEND with immediate,
 // RDMA READ (checked at the requester), FetchAdd and CmpSwap (originals and
-// the final value exact),
+// the final value exact), ATOMIC WRITE, SEND with Invalidate of a type 2 window bound on
+// the responder's QP (the completion names the rkey; a WRITE through the
+// window then fails with IBV_WC_REM_ACCESS_ERR),
 // and the errors: an rkey the responder does not know (IBV_WC_REM_ACCESS_ERR,
 // both QPs in ERR, the next request flushed), a write past the MR's end, an
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
@@ -169,7 +171,7 @@ void open_side(Side &s, uint8_t gid_index)
 	s.cq = ibv_create_cq(s.ctx, 256, nullptr, nullptr, 0);
 	s.mr = ibv_reg_mr(s.pd, s.buf.data(), s.buf.size(),
 			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				  IBV_ACCESS_REMOTE_ATOMIC);
+				  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
 	if (!s.pd || !s.cq || !s.mr) {
 		std::printf("FAIL: PD/CQ/MR\n");
 		std::exit(1);
@@ -381,6 +383,15 @@ void client_reads_and_atomics(Side &s, int fd)
 	send_msg(fd, Order{kCheckCounter, 0, 42});
 	check(recv_msg<uint32_t>(fd) == 1, "the responder's counter is not 42");
 	std::printf("ok: %d FetchAdds, 2 CmpSwaps, the counter exact\n", kAdds);
+	// ATOMIC WRITE (IBTA 1.5): the 8 bytes of the gather list, at once.
+	uint64_t value = 0x5a5a5a5;
+	std::memcpy(s.buf.data(), &value, 8);
+	check(post_send(s, IBV_WR_ATOMIC_WRITE, 8, counter, peer.rkey, 0, 15) == 0, "post ATOMIC WRITE");
+	ibv_wc wc = one(s);
+	check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE, "ATOMIC WRITE: " + status_text(wc));
+	send_msg(fd, Order{kCheckCounter, 0, 0x5a5a5a5});
+	check(recv_msg<uint32_t>(fd) == 1, "ATOMIC WRITE: the responder's counter is not the value written");
+	std::printf("ok: ATOMIC WRITE, the counter exact\n");
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
@@ -402,6 +413,34 @@ void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, co
 	send_msg(fd, uint32_t(1));
 	check(recv_msg<uint32_t>(fd) == 1, std::string(what) + ": responder QP not in ERR");
 	std::printf("ok: %s: IBV_WC_REM_ACCESS_ERR, the next flushed, both QPs in ERR\n", what);
+}
+
+// SEND with Invalidate naming the responder's type 2 window: the message
+// lands and invalidates it; a WRITE through the window is then refused.
+void client_send_with_invalidate(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);  // rkey: the window's
+	fill(s.buf.data(), 100, 77);
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), 100, s.mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 13;
+	wr.opcode = IBV_WR_SEND_WITH_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.invalidate_rkey = peer.rkey;
+	check(ibv_post_send(s.qp, &wr, &bad) == 0, "post SEND with Invalidate");
+	ibv_wc wc = one(s);
+	check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND, "SEND with Invalidate: " + status_text(wc));
+	check(recv_msg<uint32_t>(fd) == 1, "SEND with Invalidate: the responder's completion or data is wrong");
+	check(post_send(s, IBV_WR_RDMA_WRITE, 8, peer.addr, peer.rkey, 0, 14) == 0, "post WRITE through the window");
+	wc = one(s);
+	check(wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "WRITE through the invalidated window: want IBV_WC_REM_ACCESS_ERR, got " + status_text(wc));
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, "SEND with Invalidate: responder QP not in ERR after the refused WRITE");
+	std::printf("ok: SEND with Invalidate: the window went, a WRITE through it IBV_WC_REM_ACCESS_ERR\n");
 }
 
 void client_rnr(Side &s, int fd, uint8_t rnr_retry, bool late_receive)
@@ -478,6 +517,40 @@ void server_access_error(Side &s, int fd)
 	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
 }
 
+void server_send_with_invalidate(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	ibv_mw *mw = ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
+	check(mw != nullptr, "alloc a type 2 window");
+	uint32_t rkey = 0;
+	if (mw) {
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 11;
+		wr.opcode = IBV_WR_BIND_MW;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.bind_mw.mw = mw;
+		wr.bind_mw.rkey = rkey = ibv_inc_rkey(mw->rkey);
+		wr.bind_mw.bind_info = {s.mr, reinterpret_cast<uintptr_t>(s.buf.data()), 4096, IBV_ACCESS_REMOTE_WRITE};
+		check(ibv_post_send(s.qp, &wr, &bad) == 0, "post the bind");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW, "bind the window: " + status_text(wc));
+	}
+	check(post_recv(s, 12) == 0, "post_recv");
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), rkey, 4096});
+	ibv_wc wc = one(s);
+	bool ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_INV) &&
+		  wc.invalidated_rkey == rkey && wc.byte_len == 100 && matches(s.buf.data(), 100, 77);
+	check(ok, "SEND with Invalidate at the responder: " + status_text(wc) + " flags " + std::to_string(wc.wc_flags) +
+			  " invalidated " + std::to_string(wc.invalidated_rkey) + " of " + std::to_string(rkey));
+	send_msg(fd, uint32_t(ok));
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
+	ibv_destroy_qp(s.qp);
+	s.qp = nullptr;
+	if (mw)
+		check(ibv_dealloc_mw(mw) == 0, "dealloc the window");
+}
+
 void server_rnr(Side &s, int fd, bool late_receive)
 {
 	// 10 us between RNR NAKs until they run out; 2.56 ms while a receive comes.
@@ -523,6 +596,7 @@ int main(int argc, char **argv)
 		if (!data_only) {
 			client_access_error(s, fd, 1, 0, "unknown rkey");
 			client_access_error(s, fd, 0, 1, "write past the MR");
+			client_send_with_invalidate(s, fd);
 			client_rnr(s, fd, 2, false);
 			client_rnr(s, fd, 7, true);
 		}
@@ -532,6 +606,7 @@ int main(int argc, char **argv)
 		if (!data_only) {
 			server_access_error(s, fd);
 			server_access_error(s, fd);
+			server_send_with_invalidate(s, fd);
 			server_rnr(s, fd, false);
 			server_rnr(s, fd, true);
 		}
