@@ -191,6 +191,7 @@ struct WireResponderState {
 	bool in_send = false;
 	bool have_receive = false;
 	RecvWqe receive;
+	uint32_t receive_srqn = 0;   // XRC: the SRQ `receive` came from
 	uint64_t offset = 0;
 	// An RDMA WRITE under way: where its next byte goes in the owner.
 	bool in_write = false;

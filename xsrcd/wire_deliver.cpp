@@ -470,6 +470,23 @@ void fail_receive(Device &dev, Context &owner, Qp &qp, ReceiveSide &side, const 
 	qp_enter_error(owner, qp);
 }
 
+// XRC: a receive held (a message under way, or kept from one that failed)
+// is of the SRQ it came from; a packet naming another cannot use it.
+bool xrc_receive_mismatch(const Qp &qp, const WireResponderState &st, const Packet &pk)
+{
+	return qp.qp_type == IBV_QPT_XRC_RECV && st.have_receive && st.receive_srqn != pk.xrc_srq->srqn().value();
+}
+
+// Takes a receive for the message `pk` starts; false when none is posted.
+bool take_message_receive(Context &owner, const Qp &qp, WireResponderState &st, ReceiveSide &side, const Packet &pk)
+{
+	if (!take_receive(owner, side, st.receive))
+		return false;
+	st.have_receive = true;
+	st.receive_srqn = qp.qp_type == IBV_QPT_XRC_RECV ? pk.xrc_srq->srqn().value() : 0;
+	return true;
+}
+
 // One SEND packet, in order.
 Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
@@ -477,14 +494,13 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	std::optional<ReceiveSide> side = receive_side(dev, owner, qp, pk);
 	if (!side)
 		return Step::nak_operation;
+	if (xrc_receive_mismatch(qp, st, pk))
+		return Step::nak_invalid;
 	if (is_send_first(o)) {
 		if (st.in_send)
 			return Step::nak_invalid;
-		if (!st.have_receive) {
-			if (!take_receive(owner, *side, st.receive))
-				return Step::rnr;
-			st.have_receive = true;
-		}
+		if (!st.have_receive && !take_message_receive(owner, qp, st, *side, pk))
+			return Step::rnr;
 		st.in_send = true;
 		st.offset = 0;
 	} else if (!st.in_send) {
@@ -567,11 +583,10 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 		side = receive_side(dev, owner, qp, pk);
 		if (!side)
 			return Step::nak_operation;
-		if (!st.have_receive) {
-			if (!take_receive(owner, *side, st.receive))
-				return Step::rnr;
-			st.have_receive = true;
-		}
+		if (xrc_receive_mismatch(qp, st, pk))
+			return Step::nak_invalid;
+		if (!st.have_receive && !take_message_receive(owner, qp, st, *side, pk))
+			return Step::rnr;
 	}
 	iovec remote{reinterpret_cast<void *>(st.write_va), pk.payload.size()};
 	if (!write_owner(owner, pk.payload, &remote, 1)) {

@@ -777,6 +777,21 @@ TEST_F(WireXrcTest, SrqOfAnotherDomainIsAnInvalidRequest)
 	EXPECT_EQ(tgt_state(), IBV_QPS_ERR);
 }
 
+// A SEND under way into SRQ A whose next packet names SRQ B (of the same
+// domain): the receive taken from A cannot take it; invalid request.
+TEST_F(WireXrcTest, MessageSwitchingSrqsMidwayIsAnInvalidRequest)
+{
+	XSrq other;
+	ASSERT_EQ(create_xsrq(xrcd_a, other), 0);
+	post(srq_a, 24);
+	post(other, 25);
+	EXPECT_EQ(send_xrc(w::op::kSendFirst, kModifyRqPsn, srq_a.srqn, {}, std::vector<uint8_t>(8, 1)),
+		  WireOutcome::delivered);
+	EXPECT_EQ(send_xrc(w::op::kSendLast, kModifyRqPsn + 1, other.srqn, {}, {2}), WireOutcome::dropped);
+	EXPECT_EQ(recv_count(&arena().at<xsrc_recv_ring>(other.ring_off)), 1u);
+	EXPECT_EQ(tgt_state(), IBV_QPS_ERR);
+}
+
 TEST_F(WireXrcTest, NoSuchSrqIsAnInvalidRequest)
 {
 	EXPECT_EQ(send_xrc(w::op::kSendOnly, kModifyRqPsn, srq_a.srqn + 100, {}, {1}), WireOutcome::dropped);
