@@ -78,6 +78,12 @@ constexpr OpcodeInfo kOps[0x20] = {
 	{nullptr, 0},
 	{"SEND Last with Invalidate", kExtIeth | kExtPayload},
 	{"SEND Only with Invalidate", kExtIeth | kExtPayload},
+	{nullptr, 0},
+	{nullptr, 0},
+	{nullptr, 0},
+	{nullptr, 0},
+	{nullptr, 0},  // 0x1C FLUSH: not carried
+	{"ATOMIC WRITE", kExtReth | kExtPayload},  // 0x1D, IBTA 1.5: 8 bytes of payload
 };
 
 constexpr OpcodeInfo kUdOps[] = {
@@ -382,6 +388,14 @@ in_addr gid_ipv4(const std::array<uint8_t, 16> &gid)
 	in_addr a;
 	std::memcpy(&a, gid.data() + 12, 4);
 	return a;
+}
+
+uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn)
+{
+	// A multiplicative hash of both numbers, folded; its top 14 bits.
+	uint64_t x = (uint64_t(qpn & kQpnMask) << 24 | (dest_qpn & kQpnMask)) * 0x9E3779B97F4A7C15ull;
+	x ^= x >> 29;
+	return static_cast<uint16_t>(0xC000u | ((x >> 50) & 0x3FFFu));
 }
 
 }  // namespace xsrc::wire

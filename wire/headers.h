@@ -94,6 +94,9 @@ inline constexpr uint8_t kAcknowledge = 0x11;
 inline constexpr uint8_t kAtomicAcknowledge = 0x12;
 inline constexpr uint8_t kCmpSwap = 0x13;
 inline constexpr uint8_t kFetchAdd = 0x14;
+inline constexpr uint8_t kSendLastInv = 0x16;  // with an IETH
+inline constexpr uint8_t kSendOnlyInv = 0x17;
+inline constexpr uint8_t kAtomicWrite = 0x1D;  // RETH and 8 bytes, answered by an ACK
 }  // namespace op
 
 // AETH syndromes (IBTA 9.7.5.2): the top 3 bits say ACK (0), RNR NAK (1)
@@ -255,6 +258,13 @@ void store_icrc(uint32_t crc, std::span<uint8_t, kIcrcBytes> out);
 uint32_t load_icrc(std::span<const uint8_t, kIcrcBytes> in);
 // Does the last 4 bytes of `packet` (IP header .. ICRC) match the rest?
 bool icrc_ok(std::span<const uint8_t> packet);
+
+// --- UDP source port -----------------------------------------------------------
+
+// The UDP source port of a QP's packets (entropy for ECMP and RSS; nobody
+// may rely on it): 0xC000 | 14 bits of a hash of the QP's number and its
+// peer's (0 when it has none, as UD). Stable for the QP's life.
+uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn);
 
 // --- GIDs ---------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ namespace {
 
 namespace w = xsrc::wire;
 
-int make_socket(xsrc_wire_socket &s, uint32_t ifindex)
+// A socket bound to s.sgid's address and `port` (0: any).
+int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 {
 	s.ipv4 = w::gid_is_ipv4_mapped(s.sgid);
 	int family = s.ipv4 ? AF_INET : AF_INET6;
@@ -22,6 +23,10 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex)
 	if (!s.fd)
 		return errno;
 	int one = 1;
+	// Send-only sockets: QPs of other processes may send from the same
+	// port (a hash collision); nothing is ever received on them.
+	if (port && setsockopt(s.fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)))
+		return errno;
 	// Path-MTU discovery on: DF set, and (unconnected) the IPv4 ID is 0.
 	if (s.ipv4) {
 		int pmtu = IP_PMTUDISC_DO;
@@ -29,6 +34,7 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex)
 			return errno;
 		sockaddr_in a{};
 		a.sin_family = AF_INET;
+		a.sin_port = htons(port);
 		a.sin_addr = s.src4 = w::gid_ipv4(s.sgid);
 		if (bind(s.fd.get(), reinterpret_cast<sockaddr *>(&a), sizeof(a)))
 			return errno;
@@ -44,6 +50,7 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex)
 		return errno;
 	sockaddr_in6 a{};
 	a.sin6_family = AF_INET6;
+	a.sin6_port = htons(port);
 	std::memcpy(&a.sin6_addr, s.sgid.data(), sizeof(a.sin6_addr));
 	s.src6 = a.sin6_addr;
 	if (IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr))
@@ -87,29 +94,50 @@ size_t predict_ip_udp(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &
 
 }  // namespace
 
-const xsrc_wire_socket *xsrc_wire_sender::socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex)
+const xsrc_wire_socket *xsrc_wire_sender::socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex,
+						     uint16_t src_port)
 {
 	std::lock_guard guard(lock_);
-	for (const auto &s : sockets_)
-		if (s->sgid == sgid)
-			return s.get();
+	if (src_port) {
+		for (const auto &s : sockets_)
+			if (!s->any_port && s->src_port == src_port && s->sgid == sgid)
+				return s.get();
+		if (port_sockets_ < kMaxPortSockets)
+			if (const xsrc_wire_socket *s = find_or_make(sgid, ifindex, src_port))
+				return s;
+		// The port is taken (or we have enough): any port will do.
+	}
+	return find_or_make(sgid, ifindex, 0);
+}
+
+const xsrc_wire_socket *xsrc_wire_sender::find_or_make(const std::array<uint8_t, 16> &sgid, uint32_t ifindex,
+							uint16_t src_port)
+{
+	if (!src_port)
+		for (const auto &s : sockets_)
+			if (s->any_port && s->sgid == sgid)
+				return s.get();
 	auto s = std::unique_ptr<xsrc_wire_socket>(new (std::nothrow) xsrc_wire_socket);
 	if (!s) {
 		errno = ENOMEM;
 		return nullptr;
 	}
 	s->sgid = sgid;
-	if (int err = make_socket(*s, ifindex)) {
+	s->any_port = src_port == 0;
+	if (int err = make_socket(*s, ifindex, src_port)) {
 		errno = err;
 		return nullptr;
 	}
+	const xsrc_wire_socket *made = s.get();
 	try {
 		sockets_.push_back(std::move(s));
 	} catch (const std::bad_alloc &) {
 		errno = ENOMEM;
 		return nullptr;
 	}
-	return sockets_.back().get();
+	if (src_port)
+		++port_sockets_;
+	return made;
 }
 
 namespace xsrc::wire {

@@ -1,7 +1,8 @@
-// The sockets RoCE v2 packets leave from: one UDP socket per source GID,
-// bound to that GID's address, so that the kernel's IP header is one we can
-// predict for the ICRC (source and destination, ID 0 and DF from an
-// unconnected socket with path-MTU discovery on; TOS and TTL are masked).
+// The sockets RoCE v2 packets leave from: UDP sockets bound to a source
+// GID's address and a QP's source port (wire::udp_source_port; or any
+// port), so that the kernel's IP header is one we can predict for the ICRC
+// (source and destination, ID 0 and DF from an unconnected socket with
+// path-MTU discovery on; TOS and TTL are masked).
 // The provider sends requests from them (wire_requester.cpp), the daemon its
 // responder's acknowledgements (xsrcd/wire_responder.cpp).
 #pragma once
@@ -26,19 +27,31 @@ struct xsrc_wire_socket {
 	in6_addr src6{};              // IPv6 source
 	in_addr src4{};               // IPv4 source
 	uint16_t src_port = 0;        // host order
+	bool any_port = false;        // bound to a port the kernel chose
 	xsrc::unique_fd fd;
 };
 
 class xsrc_wire_sender {
 public:
-	// The socket for `sgid` (made on first use; `ifindex` scopes a link-local
-	// address). Null with errno set when it cannot be made. The pointer stays
-	// valid for the sender's life.
-	const xsrc_wire_socket *socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex);
+	// The socket for `sgid` and UDP source port `src_port` (0: one the
+	// kernel picks), made on first use; `ifindex` scopes a link-local
+	// address. A port taken by someone else, or past kMaxPortSockets ports,
+	// gives the GID's socket of any port instead. Null with errno set when
+	// no socket can be made. The pointer stays valid for the sender's life.
+	const xsrc_wire_socket *socket_for(const std::array<uint8_t, 16> &sgid, uint32_t ifindex, uint16_t src_port = 0);
+
+	// Sockets of a chosen port a sender keeps (file descriptors are finite).
+	static constexpr size_t kMaxPortSockets = 256;
 
 private:
+	const xsrc_wire_socket *find_or_make(const std::array<uint8_t, 16> &sgid, uint32_t ifindex, uint16_t src_port);
+
 	std::mutex lock_;
-	std::vector<std::unique_ptr<xsrc_wire_socket>> sockets_;  // few: one per source GID used
+	// A few per source GID: one of the kernel's port, and one per QP port
+	// in use (kMaxPortSockets at most); found by port, then GID. A vector,
+	// not a map: the provider's context that holds us is standard-layout.
+	std::vector<std::unique_ptr<xsrc_wire_socket>> sockets_;
+	size_t port_sockets_ = 0;
 };
 
 namespace xsrc::wire {

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <vector>
@@ -324,6 +325,18 @@ int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint
 	else if (original == compare_add)
 		value = swap;
 	if (value != original && peer_memory(owner, va, std::as_writable_bytes(std::span(&value, 1)), true))
+		return static_cast<int>(peer_status(owner));
+	return 0;
+}
+
+int device_atomic_write(Device &dev, Context &owner, uint64_t va, std::span<const std::byte, 8> value)
+{
+	ArenaAtomicLock lock(*dev.arena, owner.owner, va);
+	if (!lock.held())
+		return EAGAIN;
+	std::array<std::byte, 8> bytes;
+	std::copy(value.begin(), value.end(), bytes.begin());
+	if (peer_memory(owner, va, bytes, true))
 		return static_cast<int>(peer_status(owner));
 	return 0;
 }

@@ -7,6 +7,7 @@
 #include <infiniband/verbs.h>
 
 #include <optional>
+#include <span>
 
 #include "dispatcher_request.h"
 
@@ -44,6 +45,10 @@ void release_mw(Context &ctx, uint32_t handle);
 // goes, lose their binding.
 void mw_unbind_from_mr(Device &dev, uint32_t mr_index);
 void mw_unbind_from_qp(Device &dev, Qpn qpn);
+// SEND with Invalidate from the wire (wire_deliver.cpp): the type 2 window
+// `rkey` of `owner`, bound to responder QP `qpn` and of PD `pd`, is
+// invalidated. False (nothing changes) when the rkey names no such window.
+bool mw_remote_invalidate(Device &dev, Context &owner, Qpn qpn, PdId pd, uint32_t rkey);
 // The bound window `rkey` names in `owner`, or null (XSRC_CMD_COPY's check).
 const Mw *mw_find(Device &dev, Context &owner, uint32_t rkey);
 
@@ -61,6 +66,11 @@ std::optional<uint64_t> remote_key_target(Device &dev, Context &owner, const Qp 
 // ESRCH (the owner is gone) or EACCES (its memory is not there).
 int device_atomic(Device &dev, Context &owner, uint64_t va, bool fetch_add, uint64_t compare_add, uint64_t swap,
 		  uint64_t &original);
+
+// copy_commands.cpp: ATOMIC WRITE: the 8 bytes `value` land at `va` of
+// `owner` at once, under the same lock as device_atomic(). 0, EAGAIN, ESRCH
+// or EACCES as there.
+int device_atomic_write(Device &dev, Context &owner, uint64_t va, std::span<const std::byte, 8> value);
 
 // cq_commands.cpp
 int cmd_create_cq(Context &ctx, Caller &caller, const Request &req);

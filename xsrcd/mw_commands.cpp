@@ -248,6 +248,20 @@ void mw_unbind_from_qp(Device &dev, Qpn qpn)
 			unbind(dev, *owner_mw.second);
 }
 
+bool mw_remote_invalidate(Device &dev, Context &owner, Qpn qpn, PdId pd, uint32_t rkey)
+{
+	auto it = dev.mws_by_index.find(rkey >> 8);
+	if (it == dev.mws_by_index.end() || it->second.second->rkey != Rkey(rkey) || it->second.first != &owner)
+		return false;
+	Mw &mw = *it->second.second;
+	// As XSRC_CMD_INVALIDATE's remote kind: a bound type 2 window, bound to
+	// the responder QP, of the PD the message's keys are checked against.
+	if (mw.type != IBV_MW_TYPE_2 || !mw.bound() || mw.qpn != qpn || pd_id_of(owner, mw.pd_handle) != pd)
+		return false;
+	unbind(dev, mw);
+	return true;
+}
+
 const Mw *mw_find(Device &dev, Context &owner, uint32_t rkey)
 {
 	auto it = dev.mws_by_index.find(rkey >> 8);

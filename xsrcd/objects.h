@@ -170,10 +170,12 @@ struct ObjectRef {
 // context that opens it by QPN (OPEN_QP) hold a handle of their own, and the
 // QP lives until the last of them goes. What belongs to the QP rather than
 // to a handle lives here.
+struct WireResponderState;
 struct XrcTgtQp {
 	XrcdId xrcd_id;                  // its domain
 	QpAttributes attr;               // MODIFY_QP through any handle sets them
 	std::vector<ObjectRef> holders;  // every handle, oldest first
+	std::shared_ptr<WireResponderState> wire_responder;  // its requests from the wire
 };
 
 // RC and UC on the wire: the responder's place in the request stream
@@ -189,6 +191,7 @@ struct WireResponderState {
 	bool in_send = false;
 	bool have_receive = false;
 	RecvWqe receive;
+	uint32_t receive_srqn = 0;   // XRC: the SRQ `receive` came from
 	uint64_t offset = 0;
 	// An RDMA WRITE under way: where its next byte goes in the owner.
 	bool in_write = false;
@@ -203,11 +206,13 @@ struct WireResponderState {
 		bool atomic = false;
 		uint32_t psn = 0;
 		uint32_t packets = 0;   // PSNs the request consumed
+		pid_t pid = -1;         // READ: the process whose memory it reads
 		uint64_t va = 0;        // READ: the checked address in the owner
 		uint64_t length = 0;
 		uint64_t original = 0;  // atomic: the value before
 	};
-	std::array<Replay, 16> replay{};
+	static constexpr size_t kReplaySlots = DeviceLimits::max_qp_rd_atom;
+	std::array<Replay, kReplaySlots> replay{};  // the first max_dest_rd_atomic are used
 	size_t replay_next = 0;
 	// What the last in-order request consumed and whether it answered itself.
 	uint32_t consumed = 1;

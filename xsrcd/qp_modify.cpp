@@ -191,7 +191,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 	publish_attributes(entry, attr, next);
 	// The wire's responder starts over from a new receive PSN.
 	if ((mask & IBV_QP_RQ_PSN) || next == IBV_QPS_RESET)
-		qp->wire_responder.reset();
+		(qp->shared ? qp->shared->wire_responder : qp->wire_responder).reset();
 	if (next == IBV_QPS_RESET) {
 		// Reset empties the queues; the state is already RESET for peers.
 		if (qp->rq_off)

@@ -9,10 +9,14 @@
 // UD: SEND Only (with Immediate) into a posted receive, Q_Key checked, the
 // GRH built from the IP header.
 // RC and UC requests: the responder (IBTA 9.7): PSNs, FIRST/MIDDLE/LAST/ONLY
-// SEND into one receive, RDMA WRITE through the rkey, immediate data; RC
-// answers with ACK, RNR NAK, PSN sequence NAK and the error NAKs, and
-// re-ACKs duplicates.
-// RC responses (ACK, NAK, READ response, ATOMIC ACK): the requester lives in
+// SEND into one receive, RDMA WRITE through the rkey, immediate data,
+// SEND with Invalidate (IETH); RC also READ, atomics and ATOMIC WRITE, the
+// READs and atomics kept (max_dest_rd_atomic of them) to answer duplicates;
+// RC answers with ACK, RNR NAK, PSN sequence NAK and the error NAKs, and
+// re-ACKs duplicates. Answers leave from the QP's UDP source port.
+// XRC requests: as RC, into the XRC SRQ the XRCETH names (of the receive
+// QP's domain, else NAK invalid request), answered with XRC responses.
+// RC and XRC responses (ACK, NAK, READ response, ATOMIC ACK): the requester lives in
 // the QP owner's provider; the packet goes to the socket it registered
 // (XSRC_CMD_WIRE_RESPONSES).
 #include "wire_deliver.h"
@@ -47,6 +51,11 @@ struct Packet {
 	std::span<const uint8_t> body;    // BTH .. end of payload, pad and ICRC
 	std::span<const uint8_t> payload; // after the headers, before the pad
 	std::span<const uint8_t> transport;  // BTH .. pad: what a requester is given
+	// XRC requests: the SRQ the XRCETH names, when it is an XRC SRQ of the
+	// receive QP's domain, and the context that owns it (whose memory the
+	// message reaches); null otherwise.
+	Srq *xrc_srq = nullptr;
+	Context *xrc_owner = nullptr;
 };
 
 void ipv4_gid(std::array<uint8_t, 16> &gid, const in_addr &a)
@@ -239,13 +248,22 @@ struct ReceiveSide {
 	PdId pd;
 };
 
-std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp)
+// An XRC receive QP receives through the SRQ its packet names (pk.xrc_srq,
+// of context `owner`), completing on that SRQ's CQ.
+std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp, const Packet &pk)
 {
 	ReceiveSide r;
-	r.cq = qp.recv_cq_handle ? lookup<Cq>(owner, *qp.recv_cq_handle) : nullptr;
-	r.srq = qp.srq_handle ? lookup<Srq>(owner, *qp.srq_handle) : nullptr;
+	if (qp.qp_type == IBV_QPT_XRC_RECV) {
+		r.srq = pk.xrc_srq;
+		r.cq = r.srq && r.srq->cq_handle ? lookup<Cq>(owner, *r.srq->cq_handle) : nullptr;
+	} else {
+		r.cq = qp.recv_cq_handle ? lookup<Cq>(owner, *qp.recv_cq_handle) : nullptr;
+		r.srq = qp.srq_handle ? lookup<Srq>(owner, *qp.srq_handle) : nullptr;
+		if (qp.srq_handle && !r.srq)
+			return std::nullopt;
+	}
 	uint64_t ring_off = r.srq ? r.srq->ring_off : qp.rq_off;
-	if (!r.cq || !ring_off || (qp.srq_handle && !r.srq))
+	if (!r.cq || !ring_off)
 		return std::nullopt;
 	r.ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
 	if (!recv_ring_fits(*dev.arena, ring_off, *r.ring))
@@ -288,7 +306,7 @@ WireOutcome deliver_ud(Device &dev, const Packet &pk)
 	    qp->attributes().qkey != deth.qkey)
 		return WireOutcome::dropped;
 	Context &owner = *ownerp;
-	std::optional<ReceiveSide> side = receive_side(dev, owner, *qp);
+	std::optional<ReceiveSide> side = receive_side(dev, owner, *qp, pk);
 	RecvWqe rwqe;
 	if (!side || !take_receive(owner, *side, rwqe))
 		return WireOutcome::dropped;  // no receive posted: UD loses it
@@ -337,14 +355,20 @@ uint32_t psn_diff(uint32_t psn, uint32_t base)
 
 constexpr uint32_t kPsnHalf = 1u << 23;
 
+bool is_send(uint8_t o)
+{
+	return o <= op::kSendOnlyImm || o == op::kSendLastInv || o == op::kSendOnlyInv;
+}
+
 bool is_send_first(uint8_t o)
 {
-	return o == op::kSendFirst || o == op::kSendOnly || o == op::kSendOnlyImm;
+	return o == op::kSendFirst || o == op::kSendOnly || o == op::kSendOnlyImm || o == op::kSendOnlyInv;
 }
 
 bool is_send_last(uint8_t o)
 {
-	return o == op::kSendLast || o == op::kSendLastImm || o == op::kSendOnly || o == op::kSendOnlyImm;
+	return o == op::kSendLast || o == op::kSendLastImm || o == op::kSendOnly || o == op::kSendOnlyImm ||
+	       o == op::kSendLastInv || o == op::kSendOnlyInv;
 }
 
 bool is_write_first(uint8_t o)
@@ -362,21 +386,45 @@ bool is_first(uint8_t o)
 	return is_send_first(o) || is_write_first(o);
 }
 
+// The PD an rkey must be of: the responder QP's, or for XRC the PD of the
+// SRQ the packet names (an XRC receive QP has none).
+PdId rkey_pd(Context &owner, const Qp &qp, const Packet &pk)
+{
+	if (qp.qp_type == IBV_QPT_XRC_RECV)
+		return pk.xrc_srq ? pd_id_of(owner, pk.xrc_srq->pd_handle) : PdId();
+	return pd_id_of(owner, qp.pd_handle);
+}
+
+// Responses go back in the transport of the request: RC, or XRC for an
+// XRC receive QP (XRC Acknowledge, READ responses, ATOMIC Acknowledge).
+uint8_t response_transport(const Qp &qp)
+{
+	return static_cast<uint8_t>(qp.qp_type == IBV_QPT_XRC_RECV ? w::Transport::xrc : w::Transport::rc);
+}
+
 // What the responder makes of one in-order request packet.
 enum class Step { ok, rnr, nak_invalid, nak_access, nak_operation };
+
+// The socket a responder QP answers from: our address the request came to,
+// the QP's UDP source port.
+const xsrc_wire_socket *response_socket(Device &dev, const Packet &pk, const Qp &qp)
+{
+	if (!dev.wire_out)
+		dev.wire_out = std::make_unique<xsrc_wire_sender>();
+	return dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex),
+					w::udp_source_port(qp.qpn().value(), qp.attributes().dest_qp_num));
+}
 
 // Sends an ACK or NAK (`syndrome`) for `psn` to the QP's peer, from our
 // address the request came to.
 void send_aeth(Device &dev, const Packet &pk, const Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t msn)
 {
-	if (!dev.wire_out)
-		dev.wire_out = std::make_unique<xsrc_wire_sender>();
-	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
 	if (!s)
 		return;  // our address went away: the requester times out
 	std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
 	w::Bth bth;
-	bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kAcknowledge;
+	bth.opcode = response_transport(qp) | op::kAcknowledge;
 	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
 	bth.psn = psn & w::kPsnMask;
 	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
@@ -422,25 +470,53 @@ void fail_receive(Device &dev, Context &owner, Qp &qp, ReceiveSide &side, const 
 	qp_enter_error(owner, qp);
 }
 
+// XRC: a receive held (a message under way, or kept from one that failed)
+// is of the SRQ it came from; a packet naming another cannot use it.
+bool xrc_receive_mismatch(const Qp &qp, const WireResponderState &st, const Packet &pk)
+{
+	return qp.qp_type == IBV_QPT_XRC_RECV && st.have_receive && st.receive_srqn != pk.xrc_srq->srqn().value();
+}
+
+// Takes a receive for the message `pk` starts; false when none is posted.
+bool take_message_receive(Context &owner, const Qp &qp, WireResponderState &st, ReceiveSide &side, const Packet &pk)
+{
+	if (!take_receive(owner, side, st.receive))
+		return false;
+	st.have_receive = true;
+	st.receive_srqn = qp.qp_type == IBV_QPT_XRC_RECV ? pk.xrc_srq->srqn().value() : 0;
+	return true;
+}
+
 // One SEND packet, in order.
 Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
 	uint8_t o = pk.bth.opcode & 0x1F;
-	std::optional<ReceiveSide> side = receive_side(dev, owner, qp);
+	std::optional<ReceiveSide> side = receive_side(dev, owner, qp, pk);
 	if (!side)
 		return Step::nak_operation;
+	if (xrc_receive_mismatch(qp, st, pk))
+		return Step::nak_invalid;
 	if (is_send_first(o)) {
 		if (st.in_send)
 			return Step::nak_invalid;
-		if (!st.have_receive) {
-			if (!take_receive(owner, *side, st.receive))
-				return Step::rnr;
-			st.have_receive = true;
-		}
+		if (!st.have_receive && !take_message_receive(owner, qp, st, *side, pk))
+			return Step::rnr;
 		st.in_send = true;
 		st.offset = 0;
 	} else if (!st.in_send) {
 		return Step::nak_invalid;
+	}
+	// SEND with Invalidate: the window its IETH names goes before the last
+	// bytes land; one that is not a type 2 window bound to this QP makes
+	// the request invalid (as the same-host path has it).
+	std::optional<uint32_t> invalidated;
+	if (pk.ext & w::kExtIeth) {
+		invalidated = w::decode_ieth(ext_bytes<w::kIethBytes>(pk, w::kExtIeth)).rkey;
+		if (!mw_remote_invalidate(dev, owner, qp.qpn(), rkey_pd(owner, qp, pk), *invalidated)) {
+			st.in_send = st.have_receive = false;
+			fail_receive(dev, owner, qp, *side, st.receive, IBV_WC_REM_INV_REQ_ERR);
+			return Step::nak_invalid;
+		}
 	}
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t n = 0;
@@ -460,6 +536,9 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	if (pk.ext & w::kExtImmDt) {
 		c.imm_data = w::decode_immdt(ext_bytes<w::kImmDtBytes>(pk, w::kExtImmDt)).raw;
 		c.wc_flags |= IBV_WC_WITH_IMM;
+	} else if (invalidated) {
+		c.imm_data = *invalidated;  // ibv_wc::invalidated_rkey
+		c.wc_flags |= IBV_WC_WITH_INV;
 	}
 	if (pk.bth.solicited)
 		c.flags |= XSRC_CQE_SOLICITED;
@@ -480,7 +559,7 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 		st.write_va = 0;
 		// A zero-length write checks no key (IBTA 9.7.4.1.5).
 		if (reth.dma_length) {
-			std::optional<uint64_t> va = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), reth.rkey,
+			std::optional<uint64_t> va = remote_key_target(dev, owner, qp, rkey_pd(owner, qp, pk), reth.rkey,
 								       IB_UVERBS_ACCESS_REMOTE_WRITE, reth.va,
 								       reth.dma_length);
 			if (!va)
@@ -501,14 +580,13 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 	std::optional<ReceiveSide> side;
 	bool imm = pk.ext & w::kExtImmDt;
 	if (imm) {
-		side = receive_side(dev, owner, qp);
+		side = receive_side(dev, owner, qp, pk);
 		if (!side)
 			return Step::nak_operation;
-		if (!st.have_receive) {
-			if (!take_receive(owner, *side, st.receive))
-				return Step::rnr;
-			st.have_receive = true;
-		}
+		if (xrc_receive_mismatch(qp, st, pk))
+			return Step::nak_invalid;
+		if (!st.have_receive && !take_message_receive(owner, qp, st, *side, pk))
+			return Step::rnr;
 	}
 	iovec remote{reinterpret_cast<void *>(st.write_va), pk.payload.size()};
 	if (!write_owner(owner, pk.payload, &remote, 1)) {
@@ -554,12 +632,10 @@ uint32_t read_packets(uint64_t length, uint32_t mtu)
 }
 
 // READ responses `from` .. the last of a saved READ.
-void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp &qp, const WireResponderState &st,
+void send_read_responses(Device &dev, const Packet &pk, const Qp &qp, const WireResponderState &st,
 			 const WireResponderState::Replay &r, uint32_t from)
 {
-	if (!dev.wire_out)
-		dev.wire_out = std::make_unique<xsrc_wire_sender>();
-	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
 	if (!s)
 		return;
 	uint32_t mtu = qp_mtu(dev, qp);
@@ -573,7 +649,7 @@ void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp
 						    : op::kReadResponseMiddle;
 		std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
 		w::Bth bth;
-		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | code;
+		bth.opcode = response_transport(qp) | code;
 		bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
 		bth.psn = (r.psn + k) & w::kPsnMask;
 		bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
@@ -585,7 +661,7 @@ void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp
 			n += w::kAethBytes;
 		}
 		iovec local{data.data(), len}, remote{reinterpret_cast<void *>(r.va + offset), len};
-		if (len && process_vm_readv(owner.owner, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len))
+		if (len && process_vm_readv(r.pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len))
 			return;  // the memory went away: the requester times out
 		(void)w::send_packet(*s, pk.sgid, {hdr.data(), n}, &local, len ? 1 : 0, len);
 	}
@@ -594,14 +670,12 @@ void send_read_responses(Device &dev, const Packet &pk, Context &owner, const Qp
 void send_atomic_ack(Device &dev, const Packet &pk, const Qp &qp, const WireResponderState &st,
 		     const WireResponderState::Replay &r)
 {
-	if (!dev.wire_out)
-		dev.wire_out = std::make_unique<xsrc_wire_sender>();
-	const xsrc_wire_socket *s = dev.wire_out->socket_for(pk.dgid, static_cast<uint32_t>(dev.netdev.ifindex));
+	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
 	if (!s)
 		return;
 	std::array<uint8_t, w::kBthBytes + w::kAethBytes + w::kAtomicAckEthBytes> hdr{};
 	w::Bth bth;
-	bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kAtomicAcknowledge;
+	bth.opcode = response_transport(qp) | op::kAtomicAcknowledge;
 	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
 	bth.psn = r.psn & w::kPsnMask;
 	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
@@ -612,9 +686,20 @@ void send_atomic_ack(Device &dev, const Packet &pk, const Qp &qp, const WireResp
 	(void)w::send_packet(*s, pk.sgid, hdr, nullptr, 0, 0);
 }
 
-WireResponderState::Replay &remember(WireResponderState &st)
+// The READ and atomic requests a responder QP keeps for duplicates:
+// max_dest_rd_atomic of them (the device's max_qp_rd_atom at most).
+size_t replay_slots(const Qp &qp)
 {
-	WireResponderState::Replay &r = st.replay[st.replay_next++ % st.replay.size()];
+	return std::min<size_t>(qp.attributes().max_dest_rd_atomic, WireResponderState::kReplaySlots);
+}
+
+// A slot for a new request: the oldest goes. The responder cannot see which
+// responses its requester has taken in; a requester that honours its
+// max_rd_atomic (no more than our max_dest_rd_atomic) never asks again for
+// a request that fell out.
+WireResponderState::Replay &remember(const Qp &qp, WireResponderState &st)
+{
+	WireResponderState::Replay &r = st.replay[st.replay_next++ % replay_slots(qp)];
 	r = {};
 	r.used = true;
 	return r;
@@ -626,21 +711,22 @@ Step respond_read(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	w::Reth reth = w::decode_reth(ext_bytes<w::kRethBytes>(pk, w::kExtReth));
 	uint64_t va = 0;
 	if (reth.dma_length) {
-		std::optional<uint64_t> target = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), reth.rkey,
+		std::optional<uint64_t> target = remote_key_target(dev, owner, qp, rkey_pd(owner, qp, pk), reth.rkey,
 								   IB_UVERBS_ACCESS_REMOTE_READ, reth.va, reth.dma_length);
 		if (!target)
 			return Step::nak_access;
 		va = *target;
 	}
-	WireResponderState::Replay &r = remember(st);
+	WireResponderState::Replay &r = remember(qp, st);
 	r.psn = pk.bth.psn;
+	r.pid = owner.owner;
 	r.va = va;
 	r.length = reth.dma_length;
 	r.packets = read_packets(reth.dma_length, qp_mtu(dev, qp));
 	st.msn = (st.msn + 1) & w::kPsnMask;
 	st.consumed = r.packets;
 	st.answered = true;
-	send_read_responses(dev, pk, owner, qp, st, r, 0);
+	send_read_responses(dev, pk, qp, st, r, 0);
 	return Step::ok;
 }
 
@@ -650,7 +736,7 @@ Step respond_atomic(Device &dev, Context &owner, Qp &qp, WireResponderState &st,
 	w::AtomicEth a = w::decode_atomic_eth(ext_bytes<w::kAtomicEthBytes>(pk, w::kExtAtomicEth));
 	if (a.va % 8)
 		return Step::nak_invalid;
-	std::optional<uint64_t> va = remote_key_target(dev, owner, qp, pd_id_of(owner, qp.pd_handle), a.rkey,
+	std::optional<uint64_t> va = remote_key_target(dev, owner, qp, rkey_pd(owner, qp, pk), a.rkey,
 						       IB_UVERBS_ACCESS_REMOTE_ATOMIC, a.va, 8);
 	if (!va)
 		return Step::nak_access;
@@ -661,7 +747,7 @@ Step respond_atomic(Device &dev, Context &owner, Qp &qp, WireResponderState &st,
 		return Step::rnr;  // the lock stayed busy: the requester tries again
 	if (err)
 		return Step::nak_access;
-	WireResponderState::Replay &r = remember(st);
+	WireResponderState::Replay &r = remember(qp, st);
 	r.atomic = true;
 	r.psn = pk.bth.psn;
 	r.packets = 1;
@@ -672,28 +758,59 @@ Step respond_atomic(Device &dev, Context &owner, Qp &qp, WireResponderState &st,
 	return Step::ok;
 }
 
+// An ATOMIC WRITE (IBTA 1.5), in order: 8 aligned bytes through an rkey
+// with remote write, landing at once under the device's atomics lock. A
+// duplicate is re-acknowledged, never written again.
+Step respond_atomic_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
+{
+	w::Reth reth = w::decode_reth(ext_bytes<w::kRethBytes>(pk, w::kExtReth));
+	if (reth.dma_length != 8 || pk.payload.size() != 8 || reth.va % 8)
+		return Step::nak_invalid;
+	std::optional<uint64_t> va = remote_key_target(dev, owner, qp, rkey_pd(owner, qp, pk), reth.rkey,
+						       IB_UVERBS_ACCESS_REMOTE_WRITE, reth.va, 8);
+	if (!va)
+		return Step::nak_access;
+	int err = device_atomic_write(dev, owner, *va, std::as_bytes(pk.payload.first<8>()));
+	if (err == EAGAIN)
+		return Step::rnr;
+	if (err)
+		return Step::nak_access;
+	st.msn = (st.msn + 1) & w::kPsnMask;
+	return Step::ok;
+}
+
 Step respond_packet(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
 	uint8_t o = pk.bth.opcode & 0x1F;
 	st.consumed = 1;
 	st.answered = false;
-	if (o <= op::kSendOnlyImm)
+	// XRC: an XRCETH naming no XRC SRQ of the receive QP's domain.
+	if (qp.qp_type == IBV_QPT_XRC_RECV && !pk.xrc_srq)
+		return Step::nak_invalid;
+	if (is_send(o))
 		return respond_send(dev, owner, qp, st, pk);
 	if (o <= op::kWriteOnlyImm)
 		return respond_write(dev, owner, qp, st, pk);
-	if (static_cast<w::Transport>(pk.bth.opcode & 0xE0) != w::Transport::rc)
+	if (static_cast<w::Transport>(pk.bth.opcode & 0xE0) == w::Transport::uc)
+		return Step::nak_invalid;
+	// READ and atomics need a responder resource: max_dest_rd_atomic 0
+	// gives none, and a request beyond the responder's resources is invalid.
+	bool needs_resource = o == op::kReadRequest || o == op::kCmpSwap || o == op::kFetchAdd;
+	if (needs_resource && replay_slots(qp) == 0)
 		return Step::nak_invalid;
 	if (o == op::kReadRequest)
 		return respond_read(dev, owner, qp, st, pk);
 	if (o == op::kCmpSwap || o == op::kFetchAdd)
 		return respond_atomic(dev, owner, qp, st, pk);
+	if (o == op::kAtomicWrite)
+		return respond_atomic_write(dev, owner, qp, st, pk);
 	return Step::nak_invalid;
 }
 
 // A duplicate READ or atomic: answered again from what was remembered.
 // False when nothing was (it fell out of the table): the requester's retry
 // then times out, as it would against an HCA past max_dest_rd_atomic.
-bool replay_duplicate(Device &dev, Context &owner, const Qp &qp, const WireResponderState &st, const Packet &pk)
+bool replay_duplicate(Device &dev, const Qp &qp, const WireResponderState &st, const Packet &pk)
 {
 	uint8_t o = pk.bth.opcode & 0x1F;
 	for (const WireResponderState::Replay &r : st.replay) {
@@ -704,7 +821,7 @@ bool replay_duplicate(Device &dev, Context &owner, const Qp &qp, const WireRespo
 			return true;
 		}
 		if (!r.atomic && o == op::kReadRequest) {
-			send_read_responses(dev, pk, owner, qp, st, r, psn_diff(pk.bth.psn, r.psn));
+			send_read_responses(dev, pk, qp, st, r, psn_diff(pk.bth.psn, r.psn));
 			return true;
 		}
 	}
@@ -730,7 +847,7 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 		if (d >= kPsnHalf) {
 			uint8_t o = pk.bth.opcode & 0x1F;
 			if (o == op::kReadRequest || o == op::kCmpSwap || o == op::kFetchAdd) {
-				replay_duplicate(dev, owner, qp, st, pk);
+				replay_duplicate(dev, qp, st, pk);
 				return WireOutcome::delivered;
 			}
 			// A duplicate (the requester resent after a lost ACK): what it
@@ -791,24 +908,53 @@ WireOutcome respond_uc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 	return WireOutcome::dropped;
 }
 
-WireOutcome respond(Device &dev, const Packet &pk)
+// The XRC SRQ an XRC request's XRCETH names, if it is one of the receive
+// QP's domain (else the request is invalid): into pk.xrc_srq and
+// pk.xrc_owner, the context that owns it.
+void resolve_xrc_srq(Device &dev, const Qp &qp, Packet &pk)
+{
+	uint32_t srqn = w::decode_xrceth(ext_bytes<w::kXrcEthBytes>(pk, w::kExtXrceth)).srqn;
+	if (srqn < XSRC_SRQN_BASE || !qp.shared)
+		return;
+	ObjectRef ref = dev.srq_slots.find(srqn - XSRC_SRQN_BASE);
+	Srq *srq = ref ? lookup<Srq>(*ref.ctx, ref.handle) : nullptr;
+	const Xrcd *xrcd = srq && srq->xrcd_handle ? lookup<Xrcd>(*ref.ctx, *srq->xrcd_handle) : nullptr;
+	if (!srq || srq->srq_type != IBV_SRQT_XRC || !xrcd || xrcd->xrcd_id != qp.shared->xrcd_id)
+		return;
+	pk.xrc_srq = srq;
+	pk.xrc_owner = ref.ctx;
+}
+
+WireOutcome respond(Device &dev, Packet &pk)
 {
 	Context *owner = nullptr;
 	Qp *qp = packet_qp(dev, pk, owner);
 	auto transport = static_cast<w::Transport>(pk.bth.opcode & 0xE0);
-	uint8_t want = transport == w::Transport::rc ? uint8_t(IBV_QPT_RC) : uint8_t(IBV_QPT_UC);
+	uint8_t want = transport == w::Transport::rc	? uint8_t(IBV_QPT_RC)
+		       : transport == w::Transport::xrc ? uint8_t(IBV_QPT_XRC_RECV)
+							: uint8_t(IBV_QPT_UC);
 	if (!qp || qp->qp_type != want || !receive_state(qp_current_state(dev, *qp)))
 		return WireOutcome::dropped;
 	// A connected QP hears only the GID it is connected to.
 	const QpAttributes &a = qp->attributes();
 	if (std::memcmp(a.dest.dgid, pk.sgid.data(), pk.sgid.size()) != 0)
 		return WireOutcome::dropped;
-	if (!qp->wire_responder) {
-		qp->wire_responder = std::make_shared<WireResponderState>();
-		qp->wire_responder->epsn = a.rq_psn & w::kPsnMask;
+	// An XRC receive QP is shared by its handles: one responder for all.
+	std::shared_ptr<WireResponderState> &slot = qp->shared ? qp->shared->wire_responder : qp->wire_responder;
+	if (!slot) {
+		slot = std::make_shared<WireResponderState>();
+		slot->epsn = a.rq_psn & w::kPsnMask;
 	}
-	WireResponderState &st = *qp->wire_responder;
-	return transport == w::Transport::rc ? respond_rc(dev, *owner, *qp, st, pk) : respond_uc(dev, *owner, *qp, st, pk);
+	WireResponderState &st = *slot;
+	if (transport == w::Transport::uc)
+		return respond_uc(dev, *owner, *qp, st, pk);
+	if (transport == w::Transport::xrc) {
+		// The message reaches the SRQ's owner: its memory, its CQ.
+		resolve_xrc_srq(dev, *qp, pk);
+		if (pk.xrc_owner)
+			owner = pk.xrc_owner;
+	}
+	return respond_rc(dev, *owner, *qp, st, pk);
 }
 
 // --- responses, for the requester in the QP owner's provider ---------------
@@ -817,7 +963,7 @@ WireOutcome forward_response(Device &dev, const Packet &pk)
 {
 	Context *owner = nullptr;
 	Qp *qp = packet_qp(dev, pk, owner);
-	if (!qp || qp->qp_type != IBV_QPT_RC || !owner->wire_responses)
+	if (!qp || (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_XRC_SEND) || !owner->wire_responses)
 		return WireOutcome::dropped;
 	ibv_qp_state s = qp_current_state(dev, *qp);
 	if (s != IBV_QPS_RTS && s != IBV_QPS_SQD)
@@ -847,6 +993,7 @@ WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
 	case w::Transport::ud:
 		return deliver_ud(dev, *pk);
 	case w::Transport::rc:
+	case w::Transport::xrc:
 		return is_response(pk->bth.opcode) ? forward_response(dev, *pk) : respond(dev, *pk);
 	case w::Transport::uc:
 		return respond(dev, *pk);

@@ -2,11 +2,11 @@
 // Routing by destination GID: a connected QP (at RTR) and an address handle
 // pick the engine that carries their messages. A GID of this device's port is
 // the shared-memory engine; any other GID is another host, reached by the
-// wire engine (RoCE v2, wire_requester.cpp): UD address handles, RC and UC
-// QPs. Never a local QP that happens to have the same number. What the wire
-// does not carry yet (XRC) is unrouted: reliable QPs retry, then complete
-// with IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire
-// with nobody at the other end.
+// wire engine (RoCE v2, wire_requester.cpp): UD address handles, RC, UC and
+// XRC send QPs. Never a local QP that happens to have the same number. A QP
+// the wire cannot carry is unrouted: reliable QPs retry, then complete with
+// IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire with
+// nobody at the other end.
 // A multicast GID is a group with members on this device (and,
 // once there is a wire, beyond it): the shared-memory engine delivers it.
 #include "xsrc.h"

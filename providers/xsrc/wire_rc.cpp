@@ -7,7 +7,8 @@
 // or the local ACK timeout (4.096 us * 2^timeout, retry_cnt times) resends
 // from the oldest unacknowledged PSN (go-back-N); an RNR NAK waits its
 // timer (rnr_retry times, 7 = forever); error NAKs and exhausted retries
-// complete with the error and move the QP to ERR.
+// complete with the error and move the QP to ERR. An XRC send QP is RC with
+// the XRC opcodes and an XRCETH naming the remote SRQ in every request.
 //
 // Why here and not in the daemon: the send engine needs the send queue and
 // the local buffers, which are this process's; ACKs are small and few (one
@@ -72,11 +73,13 @@ struct xsrc_wire_msg {
 	ibv_wr_opcode opcode = IBV_WR_SEND;
 	bool signaled = false;
 	bool solicited = false;
-	uint32_t imm = 0;
+	uint32_t imm = 0;                // immediate data, or the rkey SEND with Invalidate names
 	uint64_t remote_addr = 0;
 	uint32_t rkey = 0;
 	uint64_t length = 0;
-	uint64_t compare = 0, swap = 0;  // atomics (swap: the add value of a FetchAdd)
+	uint64_t compare = 0, swap = 0;  // atomics (swap: the add value of a FetchAdd;
+					 // ATOMIC WRITE: its 8 bytes as in memory)
+	uint32_t remote_srqn = 0;        // XRC: the SRQ every packet's XRCETH names
 	uint32_t first_psn = 0;
 	uint32_t packets = 0;            // PSNs it takes (a READ: its responses)
 	uint32_t received = 0;           // READ responses / ATOMIC ACK taken in
@@ -87,6 +90,7 @@ struct xsrc_wire_msg {
 
 struct xsrc_wire_qp {
 	bool reliable = false;
+	bool xrc = false;  // an XRC send QP: XRC opcodes, an XRCETH after the BTH
 	ibv_gid sgid{};
 	uint8_t sgid_index = 0;
 	uint8_t port_num = 1;
@@ -188,66 +192,103 @@ uint32_t packets_of(uint64_t length, uint32_t mtu)
 	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
 }
 
+// The transport bits of a QP's opcodes.
+uint8_t transport_of(const xsrc_wire_qp &wq)
+{
+	w::Transport t = wq.xrc ? w::Transport::xrc : wq.reliable ? w::Transport::rc : w::Transport::uc;
+	return static_cast<uint8_t>(t);
+}
+
+// The BTH, then (XRC) the XRCETH naming the message's SRQ: the bytes used.
+size_t put_bth(const xsrc_wire_qp &wq, const xsrc_wire_msg &m, const w::Bth &bth, std::span<uint8_t> hdr)
+{
+	w::encode(bth, hdr.first<w::kBthBytes>());
+	if (!wq.xrc)
+		return w::kBthBytes;
+	w::encode(w::XrcEth{m.remote_srqn}, hdr.subspan(w::kBthBytes).first<w::kXrcEthBytes>());
+	return w::kBthBytes + w::kXrcEthBytes;
+}
+
 // The opcode of packet `k` of `packets` of a message.
-uint8_t packet_opcode(bool reliable, ibv_wr_opcode o, uint32_t k, uint32_t packets)
+uint8_t packet_opcode(const xsrc_wire_qp &wq, ibv_wr_opcode o, uint32_t k, uint32_t packets)
 {
 	bool first = k == 0, last = k + 1 == packets, imm = wqe_has_imm(o);
 	uint8_t code;
+	bool inv = o == IBV_WR_SEND_WITH_INV;
 	if (wqe_is_write(o))
 		code = first && last ? (imm ? op::kWriteOnlyImm : op::kWriteOnly)
 		       : first       ? op::kWriteFirst
 		       : last        ? (imm ? op::kWriteLastImm : op::kWriteLast)
 				     : op::kWriteMiddle;
 	else
-		code = first && last ? (imm ? op::kSendOnlyImm : op::kSendOnly)
+		code = first && last ? (imm ? op::kSendOnlyImm : inv ? op::kSendOnlyInv : op::kSendOnly)
 		       : first       ? op::kSendFirst
-		       : last        ? (imm ? op::kSendLastImm : op::kSendLast)
+		       : last        ? (imm ? op::kSendLastImm : inv ? op::kSendLastInv : op::kSendLast)
 				     : op::kSendMiddle;
-	return static_cast<uint8_t>((reliable ? w::Transport::rc : w::Transport::uc)) | code;
+	return transport_of(wq) | code;
 }
 
 // A READ request for the responses from `k` on, or an atomic request.
 void send_request(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
 {
-	std::array<uint8_t, w::kBthBytes + w::kAtomicEthBytes> hdr{};
+	std::array<uint8_t, w::kBthBytes + w::kXrcEthBytes + w::kAtomicEthBytes> hdr{};
 	w::Bth bth;
 	bth.dest_qpn = wq.dest_qpn;
 	bth.ack_req = true;
 	bth.psn = psn;
-	size_t n = w::kBthBytes;
+	size_t n = wq.xrc ? w::kBthBytes + w::kXrcEthBytes : w::kBthBytes;
 	if (m.opcode == IBV_WR_RDMA_READ) {
-		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | op::kReadRequest;
+		bth.opcode = transport_of(wq) | op::kReadRequest;
 		uint64_t offset = std::min<uint64_t>(uint64_t(k) * wq.mtu, m.length);
 		w::encode(w::Reth{m.remote_addr + offset, m.rkey, static_cast<uint32_t>(m.length - offset)},
 			  std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
 		n += w::kRethBytes;
 	} else {
 		bool cmp = m.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
-		bth.opcode = static_cast<uint8_t>(w::Transport::rc) | (cmp ? op::kCmpSwap : op::kFetchAdd);
+		bth.opcode = transport_of(wq) | (cmp ? op::kCmpSwap : op::kFetchAdd);
 		w::encode(w::AtomicEth{m.remote_addr, m.rkey, cmp ? m.swap : m.compare, cmp ? m.compare : 0},
 			  std::span<uint8_t, w::kAtomicEthBytes>(hdr.data() + n, w::kAtomicEthBytes));
 		n += w::kAtomicEthBytes;
 	}
-	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+	put_bth(wq, m, bth, hdr);
 	(void)out.add({hdr.data(), n}, nullptr, 0, 0);
+}
+
+// An ATOMIC WRITE (IBTA 1.5): RETH and its 8 bytes in one packet.
+void send_atomic_write(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t psn)
+{
+	std::array<uint8_t, w::kBthBytes + w::kRethBytes> hdr{};
+	w::Bth bth;
+	bth.opcode = transport_of(wq) | op::kAtomicWrite;
+	bth.dest_qpn = wq.dest_qpn;
+	bth.ack_req = true;
+	bth.psn = psn;
+	size_t n = put_bth(wq, m, bth, hdr);
+	w::encode(w::Reth{m.remote_addr, m.rkey, 8}, std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
+	n += w::kRethBytes;
+	iovec value{const_cast<uint64_t *>(&m.swap), sizeof(m.swap)};
+	(void)out.add({hdr.data(), n}, &value, 1, sizeof(m.swap));
 }
 
 // Sends packet `k` of message `m` with PSN `psn` (into `out`).
 void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
 {
+	if (m.opcode == IBV_WR_ATOMIC_WRITE) {
+		send_atomic_write(out, wq, m, psn);
+		return;
+	}
 	uint64_t offset = uint64_t(k) * wq.mtu;
 	uint64_t len = std::min<uint64_t>(wq.mtu, m.length - std::min(m.length, offset));
 	bool first = k == 0, last = k + 1 == m.packets;
-	std::array<uint8_t, w::kBthBytes + w::kRethBytes + w::kImmDtBytes> hdr{};
+	std::array<uint8_t, w::kBthBytes + w::kXrcEthBytes + w::kRethBytes + w::kImmDtBytes> hdr{};
 	w::Bth bth;
-	bth.opcode = packet_opcode(wq.reliable, m.opcode, k, m.packets);
+	bth.opcode = packet_opcode(wq, m.opcode, k, m.packets);
 	bth.solicited = last && m.solicited;
 	bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
 	bth.dest_qpn = wq.dest_qpn;
 	bth.ack_req = wq.reliable && (last || psn % kAckEvery == kAckEvery - 1);
 	bth.psn = psn;
-	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
-	size_t n = w::kBthBytes;
+	size_t n = put_bth(wq, m, bth, hdr);
 	if (first && wqe_is_write(m.opcode)) {
 		w::encode(w::Reth{m.remote_addr, m.rkey, static_cast<uint32_t>(m.length)},
 			  std::span<uint8_t, w::kRethBytes>(hdr.data() + n, w::kRethBytes));
@@ -256,6 +297,9 @@ void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uin
 	if (last && wqe_has_imm(m.opcode)) {
 		w::encode(w::ImmDt{m.imm}, std::span<uint8_t, w::kImmDtBytes>(hdr.data() + n, w::kImmDtBytes));
 		n += w::kImmDtBytes;
+	} else if (last && m.opcode == IBV_WR_SEND_WITH_INV) {
+		w::encode(w::Ieth{m.imm}, std::span<uint8_t, w::kIethBytes>(hdr.data() + n, w::kIethBytes));
+		n += w::kIethBytes;
 	}
 	std::array<iovec, XSRC_MAX_RECV_SGE> payload;
 	size_t np = len ? xsrc::iov_slice({m.iov, m.count}, offset, len, payload.data()) : 0;
@@ -268,8 +312,26 @@ uint64_t ack_timeout_ns(const xsrc_qp *qp)
 	return xsrc_requester_ack_timeout_ns(qp->entry->timeout);
 }
 
+// READ and atomic requests sent and not answered yet (messages before send_index).
+uint32_t reads_outstanding(xsrc_wire_qp &wq)
+{
+	uint32_t n = 0;
+	for (size_t i = 0; i < wq.send_index; ++i)
+		n += wqe_wants_data(wq.msg(i).opcode);
+	return n;
+}
+
+// How many of them the QP may have (max_rd_atomic; 0 lets one through,
+// else a READ would wait for ever).
+uint32_t reads_allowed(const xsrc_qp *qp)
+{
+	return std::max<uint32_t>(qp->entry->max_rd_atomic, 1);
+}
+
 // Sends what the window allows from send_psn on (a batch of packets per
 // system call); arms the ACK timer.
+// A READ or atomic past max_rd_atomic outstanding waits, and everything
+// behind it (the send queue is in order), until a response retires one.
 void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 {
 	if (wq.rnr_until_ns && now < wq.rnr_until_ns)
@@ -281,6 +343,8 @@ void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 		xsrc_wire_msg &m = wq.msg(wq.send_index);
 		uint32_t k = psn_diff(wq.send_psn, m.first_psn);
 		if (wqe_wants_data(m.opcode)) {
+			if (reads_outstanding(wq) >= reads_allowed(qp))
+				break;
 			// One request covers the responses still missing.
 			send_request(out, wq, m, k, wq.send_psn);
 			wq.send_psn = psn_add(m.first_psn, m.packets);
@@ -755,7 +819,7 @@ void WireEngine::run() noexcept
 
 int xsrc_wire_prepare(xsrc_qp *qp) noexcept
 {
-	if (qp->type != IBV_QPT_RC)
+	if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_XRC_SEND)
 		return 0;
 	xsrc_context *ctx = to_xsrc_ctx(qp->vqp.qp.context);
 	{
@@ -771,7 +835,7 @@ int xsrc_wire_prepare(xsrc_qp *qp) noexcept
 int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noexcept
 {
 	xsrc_context *ctx = to_xsrc_ctx(qp->vqp.qp.context);
-	if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC)
+	if (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC && qp->type != IBV_QPT_XRC_SEND)
 		return 0;
 	if (attr_mask & IBV_QP_AV) {
 		if (!qp->wire) {
@@ -780,7 +844,8 @@ int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noe
 				return ENOMEM;
 		}
 		xsrc_wire_qp &wq = *qp->wire;
-		wq.reliable = qp->type == IBV_QPT_RC;
+		wq.reliable = qp->type == IBV_QPT_RC || qp->type == IBV_QPT_XRC_SEND;
+		wq.xrc = qp->type == IBV_QPT_XRC_SEND;
 		uint32_t ifindex = 0;
 		wq.port_num = attr.ah_attr.port_num ? attr.ah_attr.port_num : 1;
 		wq.sgid_index = attr.ah_attr.grh.sgid_index;
@@ -798,7 +863,10 @@ int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noe
 			verbs_warn(&ctx->ibv_ctx,
 				   "modify_qp: QP %u: source and destination GIDs are of different IP families: its peer is unreachable\n",
 				   qp->qpn.value());
-		} else if (!(wq.socket = ctx->wire.socket_for(sgid, ifindex))) {
+		} else if (!(wq.socket = ctx->wire.socket_for(
+				     sgid, ifindex,
+				     w::udp_source_port(qp->qpn.value(), (attr_mask & IBV_QP_DEST_QPN) ? attr.dest_qp_num
+												: wq.dest_qpn)))) {
 			verbs_warn(&ctx->ibv_ctx, "modify_qp: QP %u: no UDP socket for the source GID (%s): its peer is unreachable\n",
 				   qp->qpn.value(), strerror(errno));
 		}
@@ -839,7 +907,7 @@ int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noe
 xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
 {
 	if (!qp->wire || !qp->wire->socket)
-		return qp->type == IBV_QPT_RC ? Result::unreachable() : Result::dropped();
+		return qp->type == IBV_QPT_UC ? Result::dropped() : Result::unreachable();
 	xsrc_wire_qp &wq = *qp->wire;
 	switch (wqe.opcode) {
 	case IBV_WR_SEND:
@@ -850,7 +918,12 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 	case IBV_WR_RDMA_READ:
 	case IBV_WR_ATOMIC_CMP_AND_SWP:
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+	case IBV_WR_SEND_WITH_INV:  // IBTA defines it for RC and XRC, not UC
 		if (wq.reliable)
+			break;
+		[[fallthrough]];
+	case IBV_WR_ATOMIC_WRITE:  // RC only here
+		if (wq.reliable && !wq.xrc)
 			break;
 		[[fallthrough]];
 	default:
@@ -864,20 +937,36 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 		return Result::failed(IBV_WC_LOC_PROT_ERR);
 	if (local.total > UINT32_MAX || (wqe_is_atomic(wqe.opcode) && local.total != 8))
 		return Result::failed(IBV_WC_LOC_LEN_ERR);
+	// ATOMIC WRITE: its 8 bytes travel in the message (ibv_wr_atomic_write's
+	// value, or the gather list's), not from the buffers at send time.
+	bool atomic_write = wqe.opcode == IBV_WR_ATOMIC_WRITE;
+	uint64_t atomic_value = wqe.swap;
+	if (atomic_write && !wqe.atomic_value_inline) {
+		if (local.total != sizeof(atomic_value))
+			return Result::failed(IBV_WC_LOC_LEN_ERR);
+		auto *to = reinterpret_cast<unsigned char *>(&atomic_value);
+		for (size_t i = 0; i < local.count; ++i) {
+			std::memcpy(to, local.iov[i].iov_base, local.iov[i].iov_len);
+			to += local.iov[i].iov_len;
+		}
+	}
 
 	xsrc_wire_msg m;
 	m.wr_id = wqe.wr_id;
 	m.opcode = wqe.opcode;
 	m.signaled = qp->sq_sig_all || (wqe.flags & IBV_SEND_SIGNALED);
 	m.solicited = wqe.flags & IBV_SEND_SOLICITED;
-	m.imm = wqe.imm_data;
+	m.imm = wqe.opcode == IBV_WR_SEND_WITH_INV ? wqe.invalidate_rkey : wqe.imm_data;
 	m.remote_addr = wqe.remote_addr;
 	m.rkey = wqe.rkey.value();
 	m.length = local.total;
 	m.compare = wqe.compare_add;
-	m.swap = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? wqe.compare_add : wqe.swap;
+	m.swap = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? wqe.compare_add : atomic_write ? atomic_value : wqe.swap;
+	if (atomic_write)
+		m.length = sizeof(atomic_value);
 	m.packets = wqe_is_atomic(wqe.opcode) ? 1 : packets_of(local.total, wq.mtu);
 	m.first_psn = wq.next_psn;
+	m.remote_srqn = wqe.remote_srqn.value() & w::kQpnMask;
 
 	if (!wq.reliable) {
 		// UC: out it goes; nobody acknowledges it.
@@ -901,7 +990,9 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 	slot = m;
 	slot.iov = iov;
 	slot.inline_copy = inline_copy;
-	if (wqe.flags & IBV_SEND_INLINE) {
+	if (atomic_write) {
+		slot.count = 0;  // the value is in the message
+	} else if (wqe.flags & IBV_SEND_INLINE) {
 		// The inline bytes live in the send queue's slot, which the next
 		// post reuses: keep our own copy until the ACK.
 		size_t at = 0;

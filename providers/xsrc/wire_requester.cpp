@@ -3,8 +3,8 @@
 // leave as RoCE v2 packets over UDP to port 4791 of the GID's address
 // (IPv4-mapped GID: IPv4, else IPv6), sent from this process (wire/sender.h).
 // UD: one SEND Only (with Immediate) packet per message, no larger than the
-// port's MTU. RC and UC: wire_rc.cpp. The receiving host's xsrcd checks the
-// ICRC and delivers (xsrcd/wire_receiver.cpp, wire_deliver.cpp).
+// port's MTU. RC, UC and XRC: wire_rc.cpp. The receiving host's xsrcd
+// checks the ICRC and delivers (xsrcd/wire_receiver.cpp, wire_deliver.cpp).
 #include "xsrc.h"
 
 #include <infiniband/verbs.h>
@@ -54,7 +54,9 @@ Result wire_send_ud(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 	// Both ends of one family: an IPv4 source reaches only IPv4 peers.
 	if (w::gid_is_ipv4_mapped(sgid) != w::gid_is_ipv4_mapped(dgid))
 		return Result::dropped();
-	const xsrc_wire_socket *s = ctx->wire.socket_for(sgid, sgid_ifindex(&ctx->ibv_ctx.context, *wqe.ah));
+	// The source port from our QP alone: a UD QP has no one peer.
+	const xsrc_wire_socket *s = ctx->wire.socket_for(sgid, sgid_ifindex(&ctx->ibv_ctx.context, *wqe.ah),
+							 w::udp_source_port(qp->qpn.value(), 0));
 	if (!s)
 		return Result::dropped();  // no such address (any more): nothing leaves
 
@@ -86,9 +88,8 @@ Result wire_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) no
 {
 	if (qp->type == IBV_QPT_UD && wqe.ah)
 		return wire_send_ud(ctx, qp, wqe);
-	if (qp->type == IBV_QPT_RC || qp->type == IBV_QPT_UC)
+	if (qp->type == IBV_QPT_RC || qp->type == IBV_QPT_UC || qp->type == IBV_QPT_XRC_SEND)
 		return xsrc_wire_connected_execute(ctx, qp, wqe);
-	// XRC does not cross hosts yet.
 	return xsrc_unrouted_transport.execute(ctx, qp, wqe);
 }
 

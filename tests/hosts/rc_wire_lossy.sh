@@ -4,7 +4,8 @@
 # them); where the kernel has no netem, nftables drops and duplicates. ibv_rc_pingpong --chk at 256 KiB must still complete with correct
 # data (PSN sequence NAKs and go-back-N, the local ACK timeout, duplicates
 # re-ACKed), and so must rc_wire_verbs' transfers (WRITE, READ, SEND, the
-# data checked; FetchAdd/CmpSwap with the counter exact) and ib_write_bw,
+# data checked; FetchAdd/CmpSwap with the counter exact; ATOMIC WRITE; the
+# same through an XRC send QP into an XRC SRQ) and ib_write_bw,
 # ib_read_bw and ib_send_bw; netem's counters must
 # show that the link really lost packets.
 #   rc_wire_lossy.sh PORT RC_WIRE_VERBS
@@ -129,7 +130,7 @@ if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
   bad "rc_wire_verbs: client rc $rc, server rc $src"
   echo "== client"; cat "$dir/client"; echo "== server"; cat "$dir/server"
 else
-  echo "ok: rc_wire_verbs (WRITE, READ, SEND 1 B .. 1 MiB checked; atomics exact) on the lossy link"
+  echo "ok: rc_wire_verbs (WRITE, READ, SEND 1 B .. 1 MiB checked; atomics exact; XRC) on the lossy link"
 fi
 for prog in ib_write_bw ib_read_bw ib_send_bw; do
   if run_pair "$prog" "$prog" -d xsrc0 -x 1 -p "$port" -s 65536 -n 300 -- 10.77.0.1; then

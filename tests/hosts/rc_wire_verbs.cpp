@@ -3,7 +3,11 @@
 // WRITE and WRITE with immediate from 1 byte to 1 MiB (FIRST/MIDDLE/LAST at
 // the path MTU, the data checked on the responder), SEND with immediate,
 // RDMA READ (checked at the requester), FetchAdd and CmpSwap (originals and
-// the final value exact),
+// the final value exact), ATOMIC WRITE, XRC (a SEND of 3 packets into the
+// server's XRC SRQ, an RDMA WRITE, an RDMA READ and atomics through an XRC
+// send QP to the server's XRC receive QP), SEND with Invalidate of a type 2 window bound on
+// the responder's QP (the completion names the rkey; a WRITE through the
+// window then fails with IBV_WC_REM_ACCESS_ERR),
 // and the errors: an rkey the responder does not know (IBV_WC_REM_ACCESS_ERR,
 // both QPs in ERR, the next request flushed), a write past the MR's end, an
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
@@ -13,6 +17,7 @@
 //   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data]
 // Exit status 0 when every check passed; each failure is printed.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -169,7 +174,7 @@ void open_side(Side &s, uint8_t gid_index)
 	s.cq = ibv_create_cq(s.ctx, 256, nullptr, nullptr, 0);
 	s.mr = ibv_reg_mr(s.pd, s.buf.data(), s.buf.size(),
 			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				  IBV_ACCESS_REMOTE_ATOMIC);
+				  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
 	if (!s.pd || !s.cq || !s.mr) {
 		std::printf("FAIL: PD/CQ/MR\n");
 		std::exit(1);
@@ -381,6 +386,15 @@ void client_reads_and_atomics(Side &s, int fd)
 	send_msg(fd, Order{kCheckCounter, 0, 42});
 	check(recv_msg<uint32_t>(fd) == 1, "the responder's counter is not 42");
 	std::printf("ok: %d FetchAdds, 2 CmpSwaps, the counter exact\n", kAdds);
+	// ATOMIC WRITE (IBTA 1.5): the 8 bytes of the gather list, at once.
+	uint64_t value = 0x5a5a5a5;
+	std::memcpy(s.buf.data(), &value, 8);
+	check(post_send(s, IBV_WR_ATOMIC_WRITE, 8, counter, peer.rkey, 0, 15) == 0, "post ATOMIC WRITE");
+	ibv_wc wc = one(s);
+	check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE, "ATOMIC WRITE: " + status_text(wc));
+	send_msg(fd, Order{kCheckCounter, 0, 0x5a5a5a5});
+	check(recv_msg<uint32_t>(fd) == 1, "ATOMIC WRITE: the responder's counter is not the value written");
+	std::printf("ok: ATOMIC WRITE, the counter exact\n");
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
@@ -402,6 +416,34 @@ void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, co
 	send_msg(fd, uint32_t(1));
 	check(recv_msg<uint32_t>(fd) == 1, std::string(what) + ": responder QP not in ERR");
 	std::printf("ok: %s: IBV_WC_REM_ACCESS_ERR, the next flushed, both QPs in ERR\n", what);
+}
+
+// SEND with Invalidate naming the responder's type 2 window: the message
+// lands and invalidates it; a WRITE through the window is then refused.
+void client_send_with_invalidate(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);  // rkey: the window's
+	fill(s.buf.data(), 100, 77);
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), 100, s.mr->lkey};
+	ibv_send_wr wr{}, *bad = nullptr;
+	wr.wr_id = 13;
+	wr.opcode = IBV_WR_SEND_WITH_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.invalidate_rkey = peer.rkey;
+	check(ibv_post_send(s.qp, &wr, &bad) == 0, "post SEND with Invalidate");
+	ibv_wc wc = one(s);
+	check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND, "SEND with Invalidate: " + status_text(wc));
+	check(recv_msg<uint32_t>(fd) == 1, "SEND with Invalidate: the responder's completion or data is wrong");
+	check(post_send(s, IBV_WR_RDMA_WRITE, 8, peer.addr, peer.rkey, 0, 14) == 0, "post WRITE through the window");
+	wc = one(s);
+	check(wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "WRITE through the invalidated window: want IBV_WC_REM_ACCESS_ERR, got " + status_text(wc));
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, "SEND with Invalidate: responder QP not in ERR after the refused WRITE");
+	std::printf("ok: SEND with Invalidate: the window went, a WRITE through it IBV_WC_REM_ACCESS_ERR\n");
 }
 
 void client_rnr(Side &s, int fd, uint8_t rnr_retry, bool late_receive)
@@ -426,7 +468,165 @@ void client_rnr(Side &s, int fd, uint8_t rnr_retry, bool late_receive)
 	}
 }
 
+// XRC: the server's XRC receive QP and SRQ, our XRC send QP.
+struct XrcPeer {
+	uint32_t qpn;
+	uint8_t gid[16];
+	uint32_t srqn;
+	uint64_t addr;
+	uint32_t rkey;
+};
+
+// Moves an XRC QP to RTS (send) or RTR (receive) towards `qpn` at `gid`.
+void xrc_connect(Side &s, ibv_qp *qp, uint32_t qpn, const uint8_t *gid)
+{
+	h::QpConnectAttrs attrs{.sgid_index = s.gid_index, .max_dest_rd_atomic = 4, .max_rd_atomic = 4};
+	h::QpRemote remote{qpn, {}};
+	std::memcpy(remote.gid.raw, gid, 16);
+	h::QpStep step = h::qp_to_init(qp, attrs);
+	check(!step, "XRC INIT: " + step.text());
+	step = h::qp_to_rtr(qp, remote, attrs);
+	check(!step, "XRC RTR: " + step.text());
+	if (qp->qp_type == IBV_QPT_XRC_SEND) {
+		step = h::qp_to_rts(qp, attrs);
+		check(!step, "XRC RTS: " + step.text());
+	}
+}
+
+void client_xrc(Side &s, int fd)
+{
+	ibv_qp_init_attr_ex init{};
+	init.qp_type = IBV_QPT_XRC_SEND;
+	init.send_cq = init.recv_cq = s.cq;
+	init.cap = {64, 0, 4, 0, 64};
+	init.comp_mask = IBV_QP_INIT_ATTR_PD;
+	init.pd = s.pd;
+	ibv_qp *qp = ibv_create_qp_ex(s.ctx, &init);
+	if (!qp) {
+		check(false, "create an XRC send QP");
+		return;
+	}
+	XrcPeer mine{qp->qp_num, {}, 0, 0, 0};
+	ibv_gid gid{};
+	ibv_query_gid(s.ctx, 1, s.gid_index, &gid);
+	std::memcpy(mine.gid, gid.raw, 16);
+	send_msg(fd, mine);
+	XrcPeer srv = recv_msg<XrcPeer>(fd);
+	xrc_connect(s, qp, srv.qpn, srv.gid);
+	send_msg(fd, uint32_t(1));
+	(void)recv_msg<uint32_t>(fd);  // the server's receive QP is at RTR, a receive posted
+
+	auto post = [&](ibv_wr_opcode opcode, uint32_t len, uint64_t addr, uint64_t compare_add, uint64_t swap) {
+		ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), len, s.mr->lkey};
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.opcode = opcode;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.qp_type.xrc.remote_srqn = srv.srqn;
+		if (opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP) {
+			wr.wr.atomic.remote_addr = addr;
+			wr.wr.atomic.rkey = srv.rkey;
+			wr.wr.atomic.compare_add = compare_add;
+			wr.wr.atomic.swap = swap;
+		} else {
+			wr.wr.rdma.remote_addr = addr;
+			wr.wr.rdma.rkey = srv.rkey;
+		}
+		check(ibv_post_send(qp, &wr, &bad) == 0, "XRC post_send");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS, "XRC opcode " + std::to_string(opcode) + ": " + status_text(wc));
+	};
+	fill(s.buf.data(), 2500, 31);
+	post(IBV_WR_SEND, 2500, 0, 0, 0);  // FIRST, MIDDLE, LAST at 1024
+	check(recv_msg<uint32_t>(fd) == 1, "XRC SEND: the SRQ's receive is wrong");
+	fill(s.buf.data(), 3000, 32);
+	post(IBV_WR_RDMA_WRITE, 3000, srv.addr, 0, 0);
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, "XRC RDMA WRITE: data differs at the responder");
+	(void)recv_msg<uint32_t>(fd);  // the server filled its buffer (seed 33)
+	std::memset(s.buf.data(), 0, 3000);
+	post(IBV_WR_RDMA_READ, 3000, srv.addr, 0, 0);
+	check(matches(s.buf.data(), 3000, 33), "XRC RDMA READ: wrong data");
+	uint64_t counter = srv.addr + kCounterOffset;
+	bool originals_ok = true;
+	for (int i = 0; i < 20; ++i) {
+		post(IBV_WR_ATOMIC_FETCH_AND_ADD, 8, counter, 5, 0);
+		uint64_t original;
+		std::memcpy(&original, s.buf.data(), 8);
+		originals_ok = originals_ok && original == uint64_t(5 * i);
+	}
+	check(originals_ok, "XRC FetchAdd originals do not count up by 5");
+	post(IBV_WR_ATOMIC_CMP_AND_SWP, 8, counter, 100, 7);
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, "XRC atomics: the responder's counter is not 7");
+	std::printf("ok: XRC SEND into the SRQ, RDMA WRITE, RDMA READ, 20 FetchAdds and a CmpSwap\n");
+	ibv_destroy_qp(qp);
+}
+
 // --- the server (responder) ------------------------------------------------
+
+void server_xrc(Side &s, int fd)
+{
+	ibv_xrcd_init_attr xa{};
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.fd = -1;
+	xa.oflags = O_CREAT;
+	ibv_xrcd *xrcd = ibv_open_xrcd(s.ctx, &xa);
+	ibv_srq_init_attr_ex sa{};
+	sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_PD;
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.attr.max_wr = 16;
+	sa.attr.max_sge = 1;
+	sa.xrcd = xrcd;
+	sa.cq = s.cq;
+	sa.pd = s.pd;
+	ibv_srq *srq = xrcd ? ibv_create_srq_ex(s.ctx, &sa) : nullptr;
+	ibv_qp_init_attr_ex qa{};
+	qa.qp_type = IBV_QPT_XRC_RECV;
+	qa.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+	qa.xrcd = xrcd;
+	ibv_qp *qp = srq ? ibv_create_qp_ex(s.ctx, &qa) : nullptr;
+	uint32_t srqn = 0;
+	if (!qp || ibv_get_srq_num(srq, &srqn)) {
+		std::printf("FAIL: XRC domain, SRQ or receive QP\n");
+		std::exit(1);
+	}
+	XrcPeer mine{qp->qp_num, {}, srqn, reinterpret_cast<uintptr_t>(s.buf.data()), s.mr->rkey};
+	ibv_gid gid{};
+	ibv_query_gid(s.ctx, 1, s.gid_index, &gid);
+	std::memcpy(mine.gid, gid.raw, 16);
+	send_msg(fd, mine);
+	XrcPeer cli = recv_msg<XrcPeer>(fd);
+	xrc_connect(s, qp, cli.qpn, cli.gid);
+	s.buf.assign(kBuf, 0);
+	ibv_sge sge{reinterpret_cast<uintptr_t>(s.buf.data()), uint32_t(kBuf), s.mr->lkey};
+	ibv_recv_wr rwr{}, *bad = nullptr;
+	rwr.wr_id = 40;
+	rwr.sg_list = &sge;
+	rwr.num_sge = 1;
+	check(ibv_post_srq_recv(srq, &rwr, &bad) == 0, "post an XRC SRQ receive");
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(1));
+	ibv_wc wc = one(s);
+	bool ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.wr_id == 40 && wc.byte_len == 2500 &&
+		  wc.qp_num == qp->qp_num && matches(s.buf.data(), 2500, 31);
+	check(ok, "XRC SEND at the SRQ: " + status_text(wc) + " byte_len " + std::to_string(wc.byte_len));
+	send_msg(fd, uint32_t(ok));
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(matches(s.buf.data(), 3000, 32)));
+	fill(s.buf.data(), 3000, 33);
+	std::memset(s.buf.data() + kCounterOffset, 0, 8);
+	send_msg(fd, uint32_t(1));
+	(void)recv_msg<uint32_t>(fd);
+	uint64_t v;
+	std::memcpy(&v, s.buf.data() + kCounterOffset, 8);
+	send_msg(fd, uint32_t(v == 7));
+	check(h::qp_state(qp) == IBV_QPS_RTR, "XRC receive QP left RTR");
+	ibv_destroy_qp(qp);
+	ibv_destroy_srq(srq);
+	ibv_close_xrcd(xrcd);
+}
 
 void server_writes(Side &s, int fd)
 {
@@ -478,6 +678,40 @@ void server_access_error(Side &s, int fd)
 	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
 }
 
+void server_send_with_invalidate(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	ibv_mw *mw = ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
+	check(mw != nullptr, "alloc a type 2 window");
+	uint32_t rkey = 0;
+	if (mw) {
+		ibv_send_wr wr{}, *bad = nullptr;
+		wr.wr_id = 11;
+		wr.opcode = IBV_WR_BIND_MW;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.bind_mw.mw = mw;
+		wr.bind_mw.rkey = rkey = ibv_inc_rkey(mw->rkey);
+		wr.bind_mw.bind_info = {s.mr, reinterpret_cast<uintptr_t>(s.buf.data()), 4096, IBV_ACCESS_REMOTE_WRITE};
+		check(ibv_post_send(s.qp, &wr, &bad) == 0, "post the bind");
+		ibv_wc wc = one(s);
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW, "bind the window: " + status_text(wc));
+	}
+	check(post_recv(s, 12) == 0, "post_recv");
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(s.buf.data()), rkey, 4096});
+	ibv_wc wc = one(s);
+	bool ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_INV) &&
+		  wc.invalidated_rkey == rkey && wc.byte_len == 100 && matches(s.buf.data(), 100, 77);
+	check(ok, "SEND with Invalidate at the responder: " + status_text(wc) + " flags " + std::to_string(wc.wc_flags) +
+			  " invalidated " + std::to_string(wc.invalidated_rkey) + " of " + std::to_string(rkey));
+	send_msg(fd, uint32_t(ok));
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
+	ibv_destroy_qp(s.qp);
+	s.qp = nullptr;
+	if (mw)
+		check(ibv_dealloc_mw(mw) == 0, "dealloc the window");
+}
+
 void server_rnr(Side &s, int fd, bool late_receive)
 {
 	// 10 us between RNR NAKs until they run out; 2.56 ms while a receive comes.
@@ -520,18 +754,22 @@ int main(int argc, char **argv)
 	if (client) {
 		client_writes(s, fd);
 		client_reads_and_atomics(s, fd);
+		client_xrc(s, fd);
 		if (!data_only) {
 			client_access_error(s, fd, 1, 0, "unknown rkey");
 			client_access_error(s, fd, 0, 1, "write past the MR");
+			client_send_with_invalidate(s, fd);
 			client_rnr(s, fd, 2, false);
 			client_rnr(s, fd, 7, true);
 		}
 	} else {
 		server_writes(s, fd);
 		server_writes(s, fd);  // the same loop serves the reads and atomics
+		server_xrc(s, fd);
 		if (!data_only) {
 			server_access_error(s, fd);
 			server_access_error(s, fd);
+			server_send_with_invalidate(s, fd);
 			server_rnr(s, fd, false);
 			server_rnr(s, fd, true);
 		}

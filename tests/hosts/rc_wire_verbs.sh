@@ -1,20 +1,30 @@
 #!/bin/bash
 # RC across hosts on the wire, beyond the pingpongs (rc_wire_verbs.cpp):
 # RDMA WRITE, WRITE with immediate and SEND with immediate from 1 byte to
-# 1 MiB with the data checked at the responder; an unknown rkey and a write
-# past the MR (IBV_WC_REM_ACCESS_ERR, the next request flushed, both QPs in
-# ERR); RNR NAKs that exhaust rnr_retry and RNR NAKs that a late receive
-# ends. Over the IPv4-mapped (-g 1) and the IPv6 (-g 2) GID.
+# 1 MiB with the data checked at the responder; READ, atomics and ATOMIC
+# WRITE; XRC SEND into an XRC SRQ, WRITE, READ and atomics; an unknown rkey
+# and a write past the MR (IBV_WC_REM_ACCESS_ERR, the next request flushed,
+# both QPs in ERR); SEND with Invalidate of a type 2 window (then a WRITE
+# through it is refused); RNR NAKs that exhaust rnr_retry and RNR NAKs that
+# a late receive ends. Over the IPv4-mapped (-g 1) and the IPv6 (-g 2) GID. The
+# -g 1 run is captured: every packet decodes with tshark's InfiniBand
+# dissector with nothing malformed, every ICRC checks (tests/wire/
+# icrc_check.py), and SEND Only with Invalidate, ATOMIC WRITE and the XRC
+# READ and atomic opcodes are there.
 #   rc_wire_verbs.sh PORT PROGRAM
 set -u
 port=$1
 prog=$2
-hosts=$(cd "$(dirname "$0")" && pwd)/hosts.sh
+here=$(cd "$(dirname "$0")" && pwd)
+hosts=$here/hosts.sh
+checker=$here/../wire/icrc_check.py
 export XSRC_HOSTS_PREFIX=xsrcrv
 dir=$(mktemp -d)
 server=
+capture=
 cleanup() {
   [ -z "$server" ] || kill "$server" 2>/dev/null
+  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
   "$hosts" down
   rm -rf "$dir"
 }
@@ -24,6 +34,12 @@ bad() { echo "FAIL: $*"; fail=1; }
 
 "$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
 for gid in 1 2; do
+  if [ "$gid" = 1 ]; then
+    ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 65536 -U -n -w "$dir/wire.pcap" udp port 4791 \
+      2>"$dir/tcpdump.log" &
+    capture=$!
+    for _ in $(seq 100); do grep -q "listening on" "$dir/tcpdump.log" 2>/dev/null && break; sleep 0.1; done
+  fi
   timeout 200 "$hosts" run 1 "$prog" server "$port" "$gid" >"$dir/server" 2>&1 &
   server=$!
   timeout 200 "$hosts" run 2 "$prog" client 10.77.0.1 "$port" "$gid" >"$dir/client" 2>&1
@@ -33,6 +49,24 @@ for gid in 1 2; do
   echo "== -g $gid server"; cat "$dir/server"
   [ $rc -eq 0 ] || bad "-g $gid: client exit $rc"
   [ $src -eq 0 ] || bad "-g $gid: server exit $src"
+  if [ "$gid" = 1 ]; then
+    sleep 1
+    kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
+    grep -E "captured|dropped" "$dir/tcpdump.log"
+    result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
+    echo "icrc_check: $result"
+    malformed=$(tshark --disable-protocol rpcordma -r "$dir/wire.pcap" \
+      -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
+    echo "tshark: $malformed malformed"
+    [ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+    # SEND Only with Invalidate 0x17, ATOMIC WRITE 0x1D; XRC RDMA WRITE First
+    # 0xA6, READ Request 0xAC, READ responses First 0xAD and Last 0xAF,
+    # ATOMIC Acknowledge 0xB2, CmpSwap 0xB3, FetchAdd 0xB4.
+    for opcode in 23 29 166 172 173 175 178 179 180; do
+      n=$(tshark -r "$dir/wire.pcap" -Y "infiniband.bth.opcode == $opcode" 2>/dev/null | wc -l)
+      [ "$n" -gt 0 ] || bad "no packet of opcode $opcode on the wire"
+    done
+  fi
 done
 "$hosts" run 1 "$XSRC" status
 trap - EXIT

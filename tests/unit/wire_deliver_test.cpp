@@ -4,7 +4,9 @@
 // ring. Each way a datagram is refused is dropped silently, as IBTA has it
 // for UD; a receive that cannot take it completes in error. RC: the
 // responder's PSN checks, SEND segments into one receive, RDMA WRITE through
-// the rkey and its refusals, and responses handed to the requester's socket.
+// the rkey and its refusals, SEND with Invalidate's check, the responder
+// resources of max_dest_rd_atomic, and responses handed to the requester's
+// socket. XRC: the SRQ the XRCETH names, of the receive QP's domain.
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
@@ -568,6 +570,264 @@ TEST_F(WireRcTest, ResponseSocketMustBeTheCallersSeqpacketSocket)
 	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), 0);
 	EXPECT_TRUE(ctx.wire_responses);
+}
+
+// SEND with Invalidate naming an rkey that is no type 2 window bound to
+// the QP: an invalid request; its receive completes in error, the QP goes
+// to ERR, and the MR's key still works for nobody but stays an MR.
+TEST_F(WireRcTest, SendWithInvalidateOfAnMrKeyIsAnInvalidRequest)
+{
+	post_rc_recv();
+	std::vector<uint8_t> ieth(w::kIethBytes);
+	w::encode(w::Ieth{rkey}, std::span<uint8_t, w::kIethBytes>(ieth.data(), w::kIethBytes));
+	EXPECT_EQ(send_rc(w::op::kSendOnlyInv, kModifyRqPsn, ieth, {1, 2, 3}), WireOutcome::dropped);
+	auto c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_REM_INV_REQ_ERR);
+	EXPECT_EQ(buf[0], 0) << "bytes of a refused SEND with Invalidate landed";
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+// max_dest_rd_atomic 0: the responder keeps no READ or atomic, so one is an
+// invalid request; nothing is read or changed.
+TEST_F(WireRcTest, ReadOrAtomicWithoutResponderResourcesIsAnInvalidRequest)
+{
+	std::get<Qp>(ctx.objects.at(rc.handle)).attributes().max_dest_rd_atomic = 0;
+	auto va = reinterpret_cast<uintptr_t>(target);
+	uint64_t counter = 5;
+	std::memcpy(target, &counter, 8);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 3), {}), WireOutcome::dropped);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 5u);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+// The replay table holds max_dest_rd_atomic requests: a duplicate of one
+// that fell out is neither answered from stale state nor executed again.
+TEST_F(WireRcTest, ReplayTableIsSizedByMaxDestRdAtomic)
+{
+	std::get<Qp>(ctx.objects.at(rc.handle)).attributes().max_dest_rd_atomic = 2;
+	auto va = reinterpret_cast<uintptr_t>(target);
+	uint64_t counter = 0;
+	std::memcpy(target, &counter, 8);
+	for (uint32_t i = 0; i < 3; ++i)
+		EXPECT_EQ(send_rc(0x14, kModifyRqPsn + i, fetch_add(va, rkey, 1), {}), WireOutcome::delivered);
+	const WireResponderState &st = *std::get<Qp>(ctx.objects.at(rc.handle)).wire_responder;
+	size_t used = 0;
+	for (const auto &r : st.replay)
+		used += r.used;
+	EXPECT_EQ(used, 2u);
+	EXPECT_EQ(send_rc(0x14, kModifyRqPsn, fetch_add(va, rkey, 1), {}), WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 3u) << "a duplicate atomic was executed again";
+	EXPECT_EQ(rc_state(), IBV_QPS_RTR);
+}
+
+// ATOMIC WRITE: its 8 bytes land through the rkey; a duplicate (its ACK
+// was lost) is acknowledged again, not written over a newer value.
+TEST_F(WireRcTest, AtomicWriteLandsOnceAndItsDuplicateIsOnlyAcknowledged)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	std::vector<uint8_t> value = {1, 2, 3, 4, 5, 6, 7, 8};
+	EXPECT_EQ(send_rc(w::op::kAtomicWrite, kModifyRqPsn, reth(va + 8, rkey, 8), value), WireOutcome::delivered);
+	EXPECT_EQ(std::memcmp(target + 8, value.data(), 8), 0);
+	target[8] = 99;  // written again since
+	EXPECT_EQ(send_rc(w::op::kAtomicWrite, kModifyRqPsn, reth(va + 8, rkey, 8), value), WireOutcome::delivered);
+	EXPECT_EQ(target[8], 99) << "a duplicate ATOMIC WRITE was executed again";
+	EXPECT_EQ(rc_state(), IBV_QPS_RTR);
+}
+
+TEST_F(WireRcTest, UnalignedAtomicWriteIsAnInvalidRequest)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(w::op::kAtomicWrite, kModifyRqPsn, reth(va + 4, rkey, 8), std::vector<uint8_t>(8, 1)),
+		  WireOutcome::dropped);
+	EXPECT_EQ(target[4], 0);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireRcTest, AtomicWriteOfAnotherLengthIsAnInvalidRequest)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_rc(w::op::kAtomicWrite, kModifyRqPsn, reth(va, rkey, 4), std::vector<uint8_t>(4, 1)),
+		  WireOutcome::dropped);
+	EXPECT_EQ(target[0], 0);
+	EXPECT_EQ(rc_state(), IBV_QPS_ERR);
+}
+
+// --- XRC: the receive QP and the SRQ the XRCETH names ---------------------
+
+// An XRC receive QP of domain A connected (RTR) to kModifyDestQpn at
+// ::ffff:10.0.0.7; an XRC SRQ of domain A and one of domain B.
+class WireXrcTest : public WireRcTest {
+protected:
+	void SetUp() override
+	{
+		WireRcTest::SetUp();
+		ASSERT_EQ(open_xrcd(xrcd_a), 0);
+		ASSERT_EQ(open_xrcd(xrcd_b), 0);
+		ASSERT_EQ(create_xsrq(xrcd_a, srq_a), 0);
+		ASSERT_EQ(create_xsrq(xrcd_b, srq_b), 0);
+		QpSpec s;
+		s.qp_type = IBV_QPT_XRC_RECV;
+		s.pd = xrcd_a;
+		s.send_cq = s.recv_cq = 0;
+		ASSERT_EQ(create_qp(s, tgt), 0);
+		ib_uverbs_modify_qp init = modify_cmd(tgt.handle, IBV_QPS_INIT,
+						      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+		init.qp_access_flags |= IBV_ACCESS_REMOTE_ATOMIC;
+		ASSERT_EQ(modify_qp(init), 0);
+		ASSERT_EQ(modify_qp(modify_cmd(tgt.handle, IBV_QPS_RTR,
+					       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+						       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)), 0);
+	}
+
+	struct XSrq {
+		uint32_t handle = 0;
+		uint32_t srqn = 0;
+		uint64_t ring_off = 0;
+	};
+
+	int open_xrcd(uint32_t &handle)
+	{
+		ib_uverbs_open_xrcd_resp resp{~0u};
+		ib_uverbs_open_xrcd cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		cmd.fd = 0xffffffffu;  // a private domain
+		int err = run(IB_USER_VERBS_CMD_OPEN_XRCD, cmd, {}, sizeof(resp));
+		handle = resp.xrcd_handle;
+		return err;
+	}
+
+	int create_xsrq(uint32_t xrcd, XSrq &out)
+	{
+		Resp<ib_uverbs_create_srq_resp, xsrc_create_srq_resp> resp;
+		ib_uverbs_create_xsrq cmd{};
+		cmd.response = reinterpret_cast<uintptr_t>(&resp);
+		cmd.srq_type = IBV_SRQT_XRC;
+		cmd.pd_handle = pd0;
+		cmd.max_wr = 8;
+		cmd.max_sge = 1;
+		cmd.xrcd_handle = xrcd;
+		cmd.cq_handle = cq0;
+		int err = run(IB_USER_VERBS_CMD_CREATE_XSRQ, cmd, {}, sizeof(resp));
+		out = {resp.core().srq_handle, resp.core().srqn, resp.drv().ring_off};
+		return err;
+	}
+
+	void post(const XSrq &srq, uint64_t wr_id)
+	{
+		xsrc_sge sge{reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+		ASSERT_TRUE(recv_push(&arena().at<xsrc_recv_ring>(srq.ring_off), wr_id, &sge, 1));
+	}
+
+	// An XRC request: BTH, XRCETH naming `srqn`, `headers`, `payload`.
+	WireOutcome send_xrc(uint8_t op, uint32_t psn, uint32_t srqn, std::vector<uint8_t> headers,
+			     std::vector<uint8_t> payload)
+	{
+		std::vector<uint8_t> x(w::kXrcEthBytes);
+		w::encode(w::XrcEth{srqn}, std::span<uint8_t, w::kXrcEthBytes>(x.data(), w::kXrcEthBytes));
+		std::vector<uint8_t> body(w::kBthBytes);
+		w::Bth bth;
+		bth.opcode = static_cast<uint8_t>(w::Transport::xrc) | op;
+		bth.dest_qpn = tgt.qpn;
+		bth.psn = psn;
+		bth.ack_req = true;
+		bth.pad = static_cast<uint8_t>((4 - payload.size() % 4) % 4);
+		w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
+		body.insert(body.end(), x.begin(), x.end());
+		body.insert(body.end(), headers.begin(), headers.end());
+		body.insert(body.end(), payload.begin(), payload.end());
+		body.insert(body.end(), bth.pad, 0);
+		std::vector<uint8_t> p = frame(body, "10.0.0.7", "127.0.0.1", false);
+		return wire_deliver(dev, p);
+	}
+
+	ibv_qp_state tgt_state() { return xsrc_qp_state_decode(arena().qp_entry(tgt.qpn - XSRC_QPN_BASE).state); }
+
+	uint32_t xrcd_a = 0, xrcd_b = 0;
+	XSrq srq_a, srq_b;
+	CreatedQp tgt;
+};
+
+TEST_F(WireXrcTest, SendLandsInTheSrqTheXrcethNames)
+{
+	post(srq_a, 21);
+	EXPECT_EQ(send_xrc(w::op::kSendFirst, kModifyRqPsn, srq_a.srqn, {}, std::vector<uint8_t>(8, 1)),
+		  WireOutcome::delivered);
+	EXPECT_EQ(send_xrc(w::op::kSendLast, kModifyRqPsn + 1, srq_a.srqn, {}, {2, 2, 2}), WireOutcome::delivered);
+	auto c = completion();  // on the SRQ's CQ
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->wr_id, 21u);
+	EXPECT_EQ(c->byte_len, 11u);
+	EXPECT_EQ(c->qp_num, tgt.qpn);
+	EXPECT_EQ(buf[0], 1);
+	EXPECT_EQ(buf[10], 2);
+	EXPECT_EQ(tgt_state(), IBV_QPS_RTR);
+}
+
+TEST_F(WireXrcTest, SrqOfAnotherDomainIsAnInvalidRequest)
+{
+	post(srq_b, 22);
+	EXPECT_EQ(send_xrc(w::op::kSendOnly, kModifyRqPsn, srq_b.srqn, {}, {1, 2, 3}), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(buf[0], 0);
+	EXPECT_EQ(recv_count(&arena().at<xsrc_recv_ring>(srq_b.ring_off)), 1u);
+	EXPECT_EQ(tgt_state(), IBV_QPS_ERR);
+}
+
+// A SEND under way into SRQ A whose next packet names SRQ B (of the same
+// domain): the receive taken from A cannot take it; invalid request.
+TEST_F(WireXrcTest, MessageSwitchingSrqsMidwayIsAnInvalidRequest)
+{
+	XSrq other;
+	ASSERT_EQ(create_xsrq(xrcd_a, other), 0);
+	post(srq_a, 24);
+	post(other, 25);
+	EXPECT_EQ(send_xrc(w::op::kSendFirst, kModifyRqPsn, srq_a.srqn, {}, std::vector<uint8_t>(8, 1)),
+		  WireOutcome::delivered);
+	EXPECT_EQ(send_xrc(w::op::kSendLast, kModifyRqPsn + 1, other.srqn, {}, {2}), WireOutcome::dropped);
+	EXPECT_EQ(recv_count(&arena().at<xsrc_recv_ring>(other.ring_off)), 1u);
+	EXPECT_EQ(tgt_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireXrcTest, NoSuchSrqIsAnInvalidRequest)
+{
+	EXPECT_EQ(send_xrc(w::op::kSendOnly, kModifyRqPsn, srq_a.srqn + 100, {}, {1}), WireOutcome::dropped);
+	EXPECT_EQ(tgt_state(), IBV_QPS_ERR);
+}
+
+TEST_F(WireXrcTest, AnRcOpcodeDoesNotReachAnXrcReceiveQp)
+{
+	post(srq_a, 23);
+	std::vector<uint8_t> body(w::kBthBytes);
+	w::Bth bth;
+	bth.opcode = w::op::kSendOnly;  // RC
+	bth.dest_qpn = tgt.qpn;
+	bth.psn = kModifyRqPsn;
+	w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
+	std::vector<uint8_t> p = frame(body, "10.0.0.7", "127.0.0.1", false);
+	EXPECT_EQ(wire_deliver(dev, p), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(tgt_state(), IBV_QPS_RTR);
+}
+
+// RDMA WRITE and atomics through an XRC receive QP: keys of the PD of the
+// SRQ named (the receive QP has none).
+TEST_F(WireXrcTest, WriteAndAtomicUseTheSrqsPd)
+{
+	auto va = reinterpret_cast<uintptr_t>(target);
+	EXPECT_EQ(send_xrc(w::op::kWriteOnly, kModifyRqPsn, srq_a.srqn, reth(va + 16, rkey, 4), {7, 7, 7, 7}),
+		  WireOutcome::delivered);
+	EXPECT_EQ(target[16], 7);
+	uint64_t counter = 40;
+	std::memcpy(target, &counter, 8);
+	EXPECT_EQ(send_xrc(w::op::kFetchAdd, kModifyRqPsn + 1, srq_a.srqn, fetch_add(va, rkey, 2), {}),
+		  WireOutcome::delivered);
+	std::memcpy(&counter, target, 8);
+	EXPECT_EQ(counter, 42u);
+	EXPECT_EQ(tgt_state(), IBV_QPS_RTR);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,9 @@ TEST(WireOpcodes, TableSizesTheHeaders)
 	EXPECT_EQ(w::header_bytes(0xA4), w::kBthBytes + w::kXrcEthBytes);                    // XRC SEND Only
 	EXPECT_EQ(w::header_bytes(0xAA), w::kBthBytes + w::kXrcEthBytes + w::kRethBytes);
 	EXPECT_EQ(w::header_bytes(0xB1), w::kBthBytes + w::kAethBytes);                      // XRC ACK: no XRCETH
+	EXPECT_EQ(w::header_bytes(0xB7), w::kBthBytes + w::kXrcEthBytes + w::kIethBytes);    // XRC SEND Only Inv
+	EXPECT_EQ(w::header_bytes(0x1D), w::kBthBytes + w::kRethBytes);                      // ATOMIC WRITE
+	EXPECT_TRUE(w::opcode_info(0x1D)->ext & w::kExtPayload);
 	EXPECT_STREQ(w::opcode_info(0x64)->name, "UD SEND Only");
 }
 
@@ -137,8 +141,25 @@ TEST(WireOpcodes, ReservedOpcodesHaveNoEntry)
 	EXPECT_EQ(w::opcode_info(0x60), nullptr);  // UD has SEND Only alone
 	EXPECT_EQ(w::opcode_info(0x66), nullptr);
 	EXPECT_EQ(w::opcode_info(0x1F), nullptr);
+	EXPECT_EQ(w::opcode_info(0x1C), nullptr);  // FLUSH: not carried
+	EXPECT_EQ(w::opcode_info(0x3D), nullptr);  // UC has no ATOMIC WRITE
 	EXPECT_EQ(w::opcode_info(0xFF), nullptr);
 	EXPECT_EQ(w::header_bytes(0x1F), 0u);
+}
+
+// A QP's UDP source port: 0xC000 and up, the same for the same QPs, and
+// spread over the range by different ones.
+TEST(WireUdp, SourcePortIsAStableHashOfTheQps)
+{
+	EXPECT_EQ(w::udp_source_port(0x100, 0x200), w::udp_source_port(0x100, 0x200));
+	std::set<uint16_t> ports;
+	for (uint32_t qpn = 0x100; qpn < 0x100 + 256; ++qpn) {
+		uint16_t p = w::udp_source_port(qpn, 0x345);
+		EXPECT_GE(p, 0xC000);
+		ports.insert(p);
+	}
+	EXPECT_GT(ports.size(), 200u);  // few collisions among 256 QPs in 16384 ports
+	EXPECT_NE(w::udp_source_port(0x100, 0x200), w::udp_source_port(0x200, 0x100));
 }
 
 TEST(WireIp, Ipv4EncodesWithChecksumAndDecodes)

@@ -1,0 +1,115 @@
+#!/bin/bash
+# perftest across hosts on the wire (RoCE v2): ib_send_lat, ib_write_lat,
+# ib_read_lat, ib_atomic_lat (FetchAdd and CmpSwap) and ib_atomic_bw between
+# host 1 and host 2 of the harness, over the IPv4-mapped (-x 1) and the IPv6
+# (-x 2) GID; every run must complete and report. Then max_rd_atomic on the
+# wire: under capture, ib_read_bw -o 2 must never have more than 2 READ
+# requests of a QP unanswered (requests seen minus READ responses Last/Only
+# seen), while the default (-o 16) does keep more than 2 in flight.
+#   perftest_wire.sh PORT
+set -u
+port=$1
+here=$(cd "$(dirname "$0")" && pwd)
+hosts=$here/hosts.sh
+export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrcpt}
+dir=$(mktemp -d)
+server=
+capture=
+cleanup() {
+  [ -z "$server" ] || kill "$server" 2>/dev/null
+  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
+  "$hosts" down
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+wait_listen() {
+  for _ in $(seq 100); do
+    "$hosts" run 1 ss -ltn 2>/dev/null | grep -q ":$port " && return 0
+    sleep 0.1
+  done
+}
+# run_pair PROGRAM ARGS...: the server on host 1, the client on host 2.
+run_pair() {
+  timeout 120 "$hosts" run 1 "$@" -d xsrc0 -p "$port" -F >"$dir/server" 2>&1 &
+  server=$!
+  wait_listen
+  timeout 120 "$hosts" run 2 "$@" -d xsrc0 -p "$port" -F 10.77.0.1 >"$dir/client" 2>&1
+  local rc=$?
+  wait "$server"; local src=$?; server=
+  if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
+    bad "$*: client rc $rc, server rc $src"
+    echo "== client"; cat "$dir/client"; echo "== server"; cat "$dir/server"
+    return 1
+  fi
+  return 0
+}
+# result SIZE ITERS: the client's result line for that size and count.
+result() { awk -v s="$1" -v n="$2" '$1 == s && $2 == n' "$dir/client"; }
+
+start_capture() {
+  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 16384 -U -n -w "$1" udp port 4791 2>"$1.log" &
+  capture=$!
+  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
+  bad "tcpdump did not start: $(cat "$1.log")"
+}
+stop_capture() {
+  local size=-1 now
+  for _ in $(seq 50); do
+    sleep 0.5
+    now=$(stat -c %s "$1")
+    [ "$now" = "$size" ] && break
+    size=$now
+  done
+  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
+}
+# most_outstanding PCAP: the largest number of READ requests without their
+# last response (READ response Last or Only) over the capture: one QP pair
+# per run, so requests one way and responses the other pair up in order.
+most_outstanding() {
+  tshark -r "$1" -Y 'infiniband.bth.opcode >= 12 && infiniband.bth.opcode <= 16' \
+    -T fields -e infiniband.bth.opcode 2>/dev/null |
+    awk '$1 == 12 { n++; if (n > most) most = n } $1 == 15 || $1 == 16 { n-- } END { print most + 0 }'
+}
+
+"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+
+for gid in 1 2; do
+  for prog in ib_send_lat ib_write_lat; do
+    run_pair "$prog" -x "$gid" -s 8 -n 1000 &&
+      { r=$(result 8 1000); [ -n "$r" ] || bad "$prog -x $gid: no result line"; echo "ok: $prog -x $gid 8 B: $r"; }
+  done
+  run_pair ib_read_lat -x "$gid" -s 4096 -n 500 &&
+    { r=$(result 4096 500); [ -n "$r" ] || bad "ib_read_lat -x $gid: no result line"; echo "ok: ib_read_lat -x $gid 4 KiB: $r"; }
+  for type in FETCH_AND_ADD CMP_AND_SWAP; do
+    run_pair ib_atomic_lat -x "$gid" -A "$type" -n 1000 &&
+      { r=$(result 8 1000); [ -n "$r" ] || bad "ib_atomic_lat -x $gid -A $type: no result line"; echo "ok: ib_atomic_lat -x $gid $type: $r"; }
+  done
+  run_pair ib_atomic_bw -x "$gid" -n 2000 &&
+    { r=$(result 8 2000); [ -n "$r" ] || bad "ib_atomic_bw -x $gid: no result line"; echo "ok: ib_atomic_bw -x $gid: $r"; }
+done
+
+# max_rd_atomic: 2 outstanding READs at most with -o 2, more without.
+for outs in 2 16; do
+  start_capture "$dir/read$outs.pcap"
+  run_pair ib_read_bw -x 1 -s 4096 -n 300 -o "$outs" &&
+    echo "ok: ib_read_bw -o $outs 4 KiB x 300: $(result 4096 300)"
+  stop_capture "$dir/read$outs.pcap"
+  most=$(most_outstanding "$dir/read$outs.pcap")
+  echo "ib_read_bw -o $outs: at most $most READ requests outstanding on the wire"
+  if [ "$outs" = 2 ]; then
+    [ "$most" -ge 1 ] && [ "$most" -le 2 ] || bad "ib_read_bw -o 2 had $most READs outstanding"
+  else
+    [ "$most" -gt 2 ] || bad "ib_read_bw -o 16 never had more than 2 READs outstanding ($most)"
+  fi
+done
+"$hosts" run 1 "$XSRC" status
+"$hosts" run 2 "$XSRC" status
+
+trap - EXIT
+cleanup
+ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
+[ $fail -eq 0 ] && echo "perftest_wire: all checks passed"
+exit $fail
