@@ -132,6 +132,7 @@ int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 	}
 	cq->polls.fetch_add(1, std::memory_order_relaxed);
 	xsrc_wire_poll(to_xsrc_ctx(cq->vcq.cq.context));
+	xsrc_requester_recheck_all(to_xsrc_ctx(cq->vcq.cq.context));
 	cq->poll_lock.lock();
 	if (!cq_pop_one(cq, cq->polled)) {
 		cq->poll_lock.unlock();
@@ -367,6 +368,7 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	cq->polls.fetch_add(1, std::memory_order_relaxed);
 	xsrc_wire_poll(to_xsrc_ctx(ibcq->context));
+	xsrc_requester_recheck_all(to_xsrc_ctx(ibcq->context));
 	std::lock_guard guard(cq->poll_lock);
 	int n = 0;
 	while (n < num_entries && cq_pop_one(cq, wc[n]))

@@ -417,6 +417,7 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		std::lock_guard guard(qp->sq_lock);
 		qp->sq.clear();
 		qp->retry_at_ns = 0;
+		qp->rnr_rq = nullptr;
 		xsrc_wire_qp_flush(qp, true);
 		xsrc::RecvWqe discard;
 		while (qp->rq && xsrc::recv_pop(qp->rq, discard)) {
@@ -452,6 +453,7 @@ int xsrc_destroy_qp(ibv_qp *ibqp)
 	{
 		std::lock_guard guard(qp->sq_lock);
 		xsrc_requester_run_deferred(qp);  // posted before the QP went: it moves
+		qp->destroying = true;            // a poll's early retry leaves it alone now
 	}
 	xsrc_progress_forget(ctx, qp);
 	if (int err = xsrc_destroy_status(ctx, ibv_cmd_destroy_qp(ibqp))) {

@@ -31,6 +31,9 @@ constexpr uint64_t kDeferNs = 100 * kNsPerUs;
 // After deferred WQEs waited out their deadline, this many posts that could
 // be deferred are not (the deadline costs a ping-pong one round trip).
 constexpr uint32_t kDeferHoldoffPosts = 4096;
+// How long a UD datagram waits for a receive on a queue its owner posts to
+// before it is dropped: a receiver that reposts as it polls gets it.
+constexpr uint64_t kUdHoldNs = 1000 * kNsPerUs;
 
 ibv_wc_opcode requester_wc_opcode(ibv_wr_opcode op)
 {
@@ -156,6 +159,31 @@ void requester_fail_head(xsrc_context *ctx, xsrc_qp *qp, ibv_wc_status status)
 	xsrc_requester_flush(qp);
 }
 
+// The head waits for a receive on `rq` until retry_at_ns: a receive posted
+// there retries it early (xsrc_requester_recheck), from poll_cq too.
+void requester_watch(xsrc_context *ctx, xsrc_qp *qp, xsrc_recv_ring *rq)
+{
+	qp->rnr_rq = rq;
+	if (rq && !ctx->rnr_waiting.load(std::memory_order_relaxed))
+		ctx->rnr_waiting.store(true, std::memory_order_relaxed);
+}
+
+// A UD datagram that found its receiver's queue empty: held until its
+// deadline, then dropped (a success for the sender, as any drop).
+bool requester_hold_datagram(xsrc_context *ctx, xsrc_qp *qp, xsrc_send_wqe &wqe, Result res, uint64_t now)
+{
+	if (!wqe.rnr_timer_at_ns)
+		wqe.rnr_timer_at_ns = now + kUdHoldNs;
+	if (now >= wqe.rnr_timer_at_ns) {
+		requester_done(ctx, qp, wqe, 0);
+		qp->sq.pop_front();
+		return true;
+	}
+	qp->retry_at_ns = wqe.rnr_timer_at_ns;
+	requester_watch(ctx, qp, res.empty_rq);
+	return false;
+}
+
 // Acts on the outcome of an attempt at the head WQE: completes it, or
 // arms its retry. True when it finished (done or failed).
 bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t now = 0)
@@ -163,6 +191,7 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 	if (!now && (res.attempt == xsrc_attempt::rnr || res.attempt == xsrc_attempt::unreachable))
 		now = xsrc_requester_now_ns();
 	xsrc_send_wqe &wqe = qp->sq.front();
+	qp->rnr_rq = nullptr;
 	switch (res.attempt) {
 	case xsrc_attempt::done:
 		requester_done(ctx, qp, wqe, res.byte_len);
@@ -175,13 +204,23 @@ bool requester_settle_head(xsrc_context *ctx, xsrc_qp *qp, Result res, uint64_t 
 		requester_fail_head(ctx, qp, res.status);
 		return true;
 	case xsrc_attempt::rnr:
+		if (qp->type == IBV_QPT_UD)
+			return requester_hold_datagram(ctx, qp, wqe, res, now);
+		// An early retry (a receive was posted, someone else took it): the
+		// timer runs on, and only its expiry counts a retry.
+		if (now < wqe.rnr_timer_at_ns) {
+			qp->retry_at_ns = wqe.rnr_timer_at_ns;
+			requester_watch(ctx, qp, res.empty_rq);
+			return false;
+		}
 		if (wqe.rnr_retries_left == xsrc_send_wqe::kNotRetried)
 			wqe.rnr_retries_left = qp->entry->rnr_retry;
 		if (wqe.rnr_retries_left != kRnrRetryForever && wqe.rnr_retries_left-- == 0) {
 			requester_fail_head(ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR);
 			return true;
 		}
-		qp->retry_at_ns = now + xsrc_requester_rnr_delay_ns(res.min_rnr_timer);
+		qp->retry_at_ns = wqe.rnr_timer_at_ns = now + xsrc_requester_rnr_delay_ns(res.min_rnr_timer);
+		requester_watch(ctx, qp, res.empty_rq);
 		return false;
 	case xsrc_attempt::unreachable:
 		if (wqe.retries_left == xsrc_send_wqe::kNotRetried)
@@ -254,7 +293,11 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 	}
 	if (!qp->sq.empty()) {
 		qp->sq.push_next();  // blocked or deferred work ahead of it keeps the order
-		if (qp->retry_at_ns || defer)
+		if (qp->retry_at_ns) {
+			xsrc_requester_recheck(qp);
+			return;
+		}
+		if (defer)
 			return;
 		// Deferred work, and this one ends the batch: all of it now.
 		if (uint64_t next = xsrc_requester_progress(qp))
@@ -343,10 +386,40 @@ void xsrc_requester_flush(xsrc_qp *qp) noexcept
 		qp->sq.pop_front();
 	}
 	qp->retry_at_ns = 0;
+	qp->rnr_rq = nullptr;
 	if (qp->rq && qp->recv_cq) {
 		xsrc::RecvWqe rwqe;
 		while (xsrc::recv_pop(qp->rq, rwqe))
 			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0,
 					 xsrc_make_cqe(rwqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 	}
+}
+
+void xsrc_requester_recheck(xsrc_qp *qp) noexcept
+{
+	if (!qp->retry_at_ns || !qp->rnr_rq || qp->destroying || xsrc::recv_count(qp->rnr_rq) == 0)
+		return;
+	qp->retry_at_ns = 0;  // the head may go now; its timer stays in the WQE
+	if (uint64_t next = xsrc_requester_progress(qp))
+		xsrc_progress_schedule(to_xsrc_ctx(qp->vqp.qp.context), qp, next);
+}
+
+void xsrc_requester_recheck_all(xsrc_context *ctx) noexcept
+{
+	// Cleared first: a QP that starts to wait meanwhile sets it again.
+	if (!ctx->rnr_waiting.load(std::memory_order_relaxed) || !ctx->rnr_waiting.exchange(false))
+		return;
+	bool waiting = false;
+	std::lock_guard guard(ctx->qps_lock);
+	for (xsrc_qp *qp = ctx->qps; qp; qp = qp->ctx_next) {
+		std::unique_lock sq(qp->sq_lock, std::try_to_lock);
+		if (!sq.owns_lock()) {
+			waiting = true;  // busy: look again at the next poll
+			continue;
+		}
+		xsrc_requester_recheck(qp);
+		waiting = waiting || (qp->retry_at_ns && qp->rnr_rq);
+	}
+	if (waiting)
+		ctx->rnr_waiting.store(true, std::memory_order_relaxed);
 }

@@ -49,6 +49,10 @@ struct xsrc_send_wqe {
 	static constexpr int kNotRetried = -1;
 	int rnr_retries_left = kNotRetried;
 	int retries_left = kNotRetried;
+	// RC: when the timer of its last RNR wait expires (the next attempt
+	// after it counts a retry; an earlier one does not). UD: when a held
+	// datagram is dropped.
+	uint64_t rnr_timer_at_ns = 0;
 
 	// The slot's storage (xsrc_wqe_slots), kept across reuse.
 	ibv_sge *sge = nullptr;

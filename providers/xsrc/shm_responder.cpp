@@ -148,10 +148,17 @@ Result responder_access_error(xsrc_context *ctx, Responder &r)
 	return Result::failed(IBV_WC_REM_ACCESS_ERR);
 }
 
-// A receive must be there for the message: RNR on a reliable QP, else dropped.
+// A receive must be there for the message: RNR on a reliable QP, else
+// dropped. A UD datagram for a queue its owner has posted receives to is
+// held a moment first (requester.cpp): a sender that merely outruns a
+// receiver that reposts loses nothing then. The requester watches the queue.
 Result responder_no_receive(const xsrc_qp *qp, const Responder &r)
 {
-	return reliable(qp->type) ? Result::rnr(r.qp->min_rnr_timer) : Result::dropped();
+	if (reliable(qp->type))
+		return Result::rnr(r.qp->min_rnr_timer, r.rq);
+	if (qp->type == IBV_QPT_UD && r.rq && atomic(r.rq->tail).load(std::memory_order_relaxed) != 0)
+		return Result::rnr(0, r.rq);
+	return Result::dropped();
 }
 
 bool responder_has_receive(const Responder &r)

@@ -18,6 +18,7 @@
 struct xsrc_context;
 struct xsrc_qp;
 struct xsrc_send_wqe;
+struct xsrc_recv_ring;
 
 // The most WQEs one execute_batch() is given.
 constexpr size_t xsrc_batch_max = 32;
@@ -32,6 +33,10 @@ struct xsrc_attempt_result {
 	ibv_wc_status status = IBV_WC_SUCCESS;  // of a failed attempt
 	uint32_t byte_len = 0;                  // of a done one
 	uint8_t min_rnr_timer = 0;              // the responder's, for an RNR wait
+	// rnr: the receive queue that had no receive (null: not known), which
+	// the requester watches to retry as soon as one is posted. On UD, rnr
+	// means "hold the datagram a moment" (requester.cpp), never a NAK.
+	xsrc_recv_ring *empty_rq = nullptr;
 
 	static xsrc_attempt_result done(uint64_t byte_len)
 	{
@@ -40,9 +45,9 @@ struct xsrc_attempt_result {
 	// Unacknowledged transports: the message is dropped, the sender never knows.
 	static xsrc_attempt_result dropped() { return {}; }
 	static xsrc_attempt_result failed(ibv_wc_status status) { return {xsrc_attempt::failed, status, 0, 0}; }
-	static xsrc_attempt_result rnr(uint8_t min_rnr_timer)
+	static xsrc_attempt_result rnr(uint8_t min_rnr_timer, xsrc_recv_ring *empty_rq = nullptr)
 	{
-		return {xsrc_attempt::rnr, IBV_WC_SUCCESS, 0, min_rnr_timer};
+		return {xsrc_attempt::rnr, IBV_WC_SUCCESS, 0, min_rnr_timer, empty_rq};
 	}
 	static xsrc_attempt_result unreachable() { return {xsrc_attempt::unreachable, IBV_WC_SUCCESS, 0, 0}; }
 	static xsrc_attempt_result posted() { return {xsrc_attempt::posted, IBV_WC_SUCCESS, 0, 0}; }
@@ -100,6 +105,14 @@ void xsrc_requester_run_deferred(xsrc_qp *qp) noexcept;
 uint64_t xsrc_requester_progress(xsrc_qp *qp) noexcept;
 // Completes every queued WQE with IBV_WC_WR_FLUSH_ERR and drains the RQ.
 void xsrc_requester_flush(xsrc_qp *qp) noexcept;
+// The head of qp->sq waits for a receive on a peer's queue (an RNR wait, a
+// held UD datagram) and one is posted there now: retries it at once instead
+// of at its timer (the caller holds sq_lock). An early retry that finds no
+// receive again costs no RNR retry: only the timer's expiry counts one.
+void xsrc_requester_recheck(xsrc_qp *qp) noexcept;
+// The same for every QP of the context that waits so (poll_cq calls it: an
+// application that polls its send CQ is waiting for those sends).
+void xsrc_requester_recheck_all(xsrc_context *ctx) noexcept;
 // The monotonic clock retries are timed by.
 uint64_t xsrc_requester_now_ns() noexcept;
 // The local ACK timeout of a QP's `timeout` attribute, and an RNR NAK's

@@ -217,6 +217,7 @@ void xsrc_context_construct(xsrc_context *ctx) noexcept
 	std::construct_at(&ctx->wire_engine);
 	std::construct_at(&ctx->wire_live, nullptr);
 	std::construct_at(&ctx->qps_lock);
+	std::construct_at(&ctx->rnr_waiting, false);
 	std::construct_at(&ctx->async_wr);
 	std::construct_at(&ctx->device_dead, false);
 	std::construct_at(&ctx->death_watch);
@@ -251,6 +252,7 @@ struct context_deleter {
 		std::destroy_at(&ctx->channels);
 		std::destroy_at(&ctx->device_dead);
 		std::destroy_at(&ctx->async_wr);
+		std::destroy_at(&ctx->rnr_waiting);
 		std::destroy_at(&ctx->qps_lock);
 		verbs_uninit_context(&ctx->ibv_ctx); // closes cmd_fd, async_fd
 		free(ctx);

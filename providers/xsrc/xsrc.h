@@ -142,6 +142,8 @@ struct xsrc_context {
 	std::unique_ptr<xsrc::Progress> progress; // made with the first send queue
 	std::mutex qps_lock;
 	struct xsrc_qp *qps;         // our QPs (xsrc_qp::ctx_next): what a device death fails
+	// Some QP may wait for a peer's receive (xsrc_qp::rnr_rq): poll_cq looks.
+	std::atomic<bool> rnr_waiting;
 	xsrc::unique_fd async_wr;    // our own write end of the async pipe (DEVICE_FATAL)
 	std::atomic<bool> device_dead; // xsrcd died: posts fail with EIO (device_death.cpp)
 	std::unique_ptr<xsrc::DeathWatch, xsrc::DeathWatchDeleter> death_watch;
@@ -301,6 +303,10 @@ struct xsrc_qp {
 	std::mutex sq_lock;              // post_send, the progress thread
 	xsrc_send_queue sq;              // posted, not yet executed (blocked)
 	uint64_t retry_at_ns = 0;        // when the head of sq may be retried
+	// The peer receive queue the blocked head waits on (RNR, a held UD
+	// datagram), else null: a receive posted there retries it early.
+	xsrc_recv_ring *rnr_rq = nullptr;
+	bool destroying = false;         // under sq_lock: no early retry may schedule it again
 	// sq holds deferred WQEs (none blocked): retry_at_ns is 0 then.
 	uint64_t send_cq_polls_seen = UINT64_MAX; // send_cq->polls at the last post
 	uint64_t deferred_at_ns = 0;     // when the oldest deferred WQE was posted

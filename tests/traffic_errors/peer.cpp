@@ -422,7 +422,7 @@ private:
 	}
 
 	// The receiving end of the SEND hammer: `slots` receives of `slot` bytes
-	// (wr_id = slot index) were posted on the SRQ; every completion is
+	// (wr_id = slot index; UD: `head` bytes of GRH first) were posted on the SRQ; every completion is
 	// checked, its message id recorded, its slot zeroed and re-posted, until
 	// `expected` messages came or the test says "stop" (then `linger_ms`
 	// more for stragglers), or the time is up.
@@ -433,6 +433,7 @@ private:
 		Buffer *b = at(mrs_, m.u64("mr"), "mr");
 		uint64_t slot = m.u64("slot"), slots = m.u64("slots"), expected = m.u64("expected");
 		uint32_t msg_len = static_cast<uint32_t>(m.u64("msg_len"));
+		uint32_t head = static_cast<uint32_t>(m.u64("head", 0));  // UD: the GRH before each message
 		auto deadline = Clock::now() + ms(m.u64("timeout_ms"));
 		std::vector<uint32_t> count(expected);
 		uint64_t received = 0, bad_status = 0, bad_len = 0, bad_payload = 0, out_of_range = 0,
@@ -462,10 +463,10 @@ private:
 				}
 				uint8_t *p = b->data + wc[i].wr_id * slot;
 				uint32_t id = 0;
-				if (wc[i].byte_len != msg_len) {
+				if (wc[i].byte_len != msg_len + head) {
 					++bad_len;
 					problem("byte_len " + std::to_string(wc[i].byte_len));
-				} else if (!payload_ok(p, msg_len, &id)) {
+				} else if (!payload_ok(p + head, msg_len, &id)) {
 					++bad_payload;
 					problem("bad payload in slot " + std::to_string(wc[i].wr_id));
 				} else if (id >= expected) {
