@@ -16,39 +16,9 @@
 set -u
 port=$1
 mode=$2
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
 export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrccm}
-dir=$(mktemp -d)
-server=
-capture=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 8192 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-}
 # on HOST CMD...: CMD under `xsrc run` on that host.
 on() {
   local h=$1; shift
@@ -90,14 +60,7 @@ connect)
   pair "rping -V -C 10 over IPv6" 60 rping -s -a fd77::1 -p "$port" -V -C 10 -- \
     rping -c -a fd77::1 -p "$port" -V -C 10
   stop_capture "$dir/cm.pcap"
-  result=$(/usr/bin/python3 "$checker" "$dir/cm.pcap") || bad "ICRC: $result"
-  echo "icrc_check: $result"
-  packets=${result%% *}
-  decoded=$(tshark -r "$dir/cm.pcap" -Y infiniband 2>/dev/null | wc -l)
-  malformed=$(tshark -r "$dir/cm.pcap" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-  echo "tshark: $decoded of $packets packets decoded as InfiniBand, $malformed malformed"
-  [ "$decoded" -eq "$packets" ] || bad "tshark decoded $decoded of $packets packets as InfiniBand"
-  [ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+  check_capture "$dir/cm.pcap"
   # Each connection: REQ, REP, RTU, DREQ, DREP, seen by tshark's CM dissector, over IPv4 and IPv6.
   for attr in 0x0010:REQ 0x0013:REP 0x0014:RTU 0x0015:DREQ 0x0016:DREP; do
     for ip in ip ipv6; do
@@ -187,8 +150,4 @@ NFT
   echo "usage: cm_wire.sh PORT connect|refused|lossy"; exit 2 ;;
 esac
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "cm_wire $mode: all checks passed"
-exit $fail
+finish "cm_wire $mode"

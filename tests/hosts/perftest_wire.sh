@@ -9,28 +9,9 @@
 #   perftest_wire.sh PORT
 set -u
 port=$1
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
 export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrcpt}
-dir=$(mktemp -d)
-server=
-capture=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run 1 ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
 # run_pair PROGRAM ARGS...: the server on host 1, the client on host 2.
 run_pair() {
   timeout 120 "$hosts" run 1 "$@" -d xsrc0 -p "$port" -F >"$dir/server" 2>&1 &
@@ -49,22 +30,6 @@ run_pair() {
 # result SIZE ITERS: the client's result line for that size and count.
 result() { awk -v s="$1" -v n="$2" '$1 == s && $2 == n' "$dir/client"; }
 
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 16384 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-}
 # most_outstanding PCAP: the largest number of READ requests without their
 # last response (READ response Last or Only) over the capture: one QP pair
 # per run, so requests one way and responses the other pair up in order.
@@ -108,8 +73,4 @@ done
 "$hosts" run 1 "$XSRC" status
 "$hosts" run 2 "$XSRC" status
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "perftest_wire: all checks passed"
-exit $fail
+finish perftest_wire

@@ -12,25 +12,9 @@
 set -u
 port=$1
 verbs=$2
-hosts=$(cd "$(dirname "$0")" && pwd)/hosts.sh
 export XSRC_HOSTS_PREFIX=xsrcls
-dir=$(mktemp -d)
-server=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run 1 ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
 # run_pair WHAT SERVER_CMD... -- CLIENT_ARGS...: server on host 1, client on host 2.
 run_pair() {
   local what=$1; shift
@@ -145,8 +129,4 @@ for i in 1 2; do
   [ "$(dropped "$i")" -gt 0 ] || bad "host $i's link dropped nothing: it was not lossy"
 done
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "rc_wire_lossy: all checks passed"
-exit $fail
+finish rc_wire_lossy

@@ -10,25 +10,9 @@
 #   rc_wire_peer_gone.sh PORT
 set -u
 port=$1
-hosts=$(dirname "$0")/hosts.sh
 export XSRC_HOSTS_PREFIX=xsrcfg
-dir=$(mktemp -d)
-server=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run 1 ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
 # expect_retry_exceeded WHAT: the client's result in $dir/client, exit $rc.
 expect_retry_exceeded() {
   [ "$rc" -ne 0 ] || bad "$1: the client succeeded"
@@ -105,8 +89,4 @@ c.recv(64)' "$port" "$wire_gid" >"$dir/server" 2>&1 &
   expect_retry_exceeded "-g $gid, no xsrcd on the peer's host"
 done
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ ! -e "/run/$XSRC_HOSTS_PREFIX" ] || bad "/run/$XSRC_HOSTS_PREFIX is left"
-exit $fail
+finish rc_wire_peer_gone

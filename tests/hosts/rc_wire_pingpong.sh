@@ -12,46 +12,9 @@
 #   rc_wire_pingpong.sh PORT
 set -u
 port=$1
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
 export XSRC_HOSTS_PREFIX=xsrcrc
-dir=$(mktemp -d)
-server=
-capture=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 16384 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-  grep -E "captured|dropped" "$1.log"
-}
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run "$1" ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
 # pingpong PROGRAM SERVER_HOST CLIENT_HOST GID SIZE ITERS: one --chk run.
 pingpong() {
   local prog=$1 sh=$2 ch=$3 gid=$4 size=$5 iters=$6
@@ -91,16 +54,7 @@ for run in rc:1:1 rc:1:3000 rc:2:2049 rc:0:1025 uc:1:3000 uc:2:1; do
 done
 stop_capture "$dir/wire.pcap"
 [ $fail -eq 0 ] || exit 1
-result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
-echo "icrc_check: $result"
-decoded=$(tshark -r "$dir/wire.pcap" -Y infiniband 2>/dev/null | wc -l)
-# A payload that happens to look like RPC-over-RDMA makes tshark's heuristic
-# dissector of it (not InfiniBand's) fail: judge the InfiniBand layer alone.
-malformed=$(tshark --disable-protocol rpcordma -r "$dir/wire.pcap" \
-  -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-echo "tshark: $decoded packets decoded as InfiniBand, $malformed malformed"
-[ "$decoded" -eq "${result%% *}" ] || bad "tshark decoded $decoded of ${result%% *} packets as InfiniBand"
-[ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+check_capture "$dir/wire.pcap"
 # RC SEND First 0, Middle 1, Last 2, Only 4, ACK 17; UC SEND First 32, Last 34, Only 36.
 for opcode in 0 1 2 4 17 32 34 36; do
   n=$(tshark -r "$dir/wire.pcap" -Y "infiniband.bth.opcode == $opcode" 2>/dev/null | wc -l)
@@ -123,9 +77,4 @@ done
 "$hosts" run 1 "$XSRC" status
 "$hosts" run 2 "$XSRC" status
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ ! -e "/run/$XSRC_HOSTS_PREFIX" ] || bad "/run/$XSRC_HOSTS_PREFIX is left"
-[ $fail -eq 0 ] && echo "rc_wire_pingpong: all checks passed"
-exit $fail
+finish rc_wire_pingpong

@@ -15,30 +15,13 @@
 set -u
 port=$1
 prog=$2
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
 export XSRC_HOSTS_PREFIX=xsrcrv
-dir=$(mktemp -d)
-server=
-capture=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+. "$(dirname "$0")/lib.sh"
 
 "$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
 for gid in 1 2; do
   if [ "$gid" = 1 ]; then
-    ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 65536 -U -n -w "$dir/wire.pcap" udp port 4791 \
-      2>"$dir/tcpdump.log" &
-    capture=$!
-    for _ in $(seq 100); do grep -q "listening on" "$dir/tcpdump.log" 2>/dev/null && break; sleep 0.1; done
+    start_capture "$dir/wire.pcap" 65536
   fi
   timeout 200 "$hosts" run 1 "$prog" server "$port" "$gid" >"$dir/server" 2>&1 &
   server=$!
@@ -50,15 +33,8 @@ for gid in 1 2; do
   [ $rc -eq 0 ] || bad "-g $gid: client exit $rc"
   [ $src -eq 0 ] || bad "-g $gid: server exit $src"
   if [ "$gid" = 1 ]; then
-    sleep 1
-    kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-    grep -E "captured|dropped" "$dir/tcpdump.log"
-    result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
-    echo "icrc_check: $result"
-    malformed=$(tshark --disable-protocol rpcordma -r "$dir/wire.pcap" \
-      -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-    echo "tshark: $malformed malformed"
-    [ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+    stop_capture "$dir/wire.pcap"
+    check_capture "$dir/wire.pcap"
     # SEND Only with Invalidate 0x17, ATOMIC WRITE 0x1D; XRC RDMA WRITE First
     # 0xA6, READ Request 0xAC, READ responses First 0xAD and Last 0xAF,
     # ATOMIC Acknowledge 0xB2, CmpSwap 0xB3, FetchAdd 0xB4.
@@ -69,8 +45,4 @@ for gid in 1 2; do
   fi
 done
 "$hosts" run 1 "$XSRC" status
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "rc_wire_verbs: all checks passed"
-exit $fail
+finish rc_wire_verbs

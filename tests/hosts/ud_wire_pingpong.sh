@@ -11,55 +11,12 @@
 #   ud_wire_pingpong.sh PORT
 set -u
 port=$1
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
-sender=$here/../wire/roce_send.py
 export XSRC_HOSTS_PREFIX=xsrcud
-dir=$(mktemp -d)
-server=
-capture=
-cleanup() {
-  [ -z "$server" ] || kill "$server" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
-
-# start_capture FILE: tcpdump on the bridge, RoCE v2 only, until stop_capture.
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 8192 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  # tcpdump may lag behind on a loaded machine, and what it has not read
-  # when interrupted is lost: wait until the file stops growing.
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-  grep -E "captured|dropped" "$1.log"
-}
-# status_field HOST NAME: a counter of xsrc0 in `xsrc status` on that host.
+. "$(dirname "$0")/lib.sh"
+sender=$here/../wire/roce_send.py
 status_field() {
   "$hosts" run "$1" "$XSRC" status | sed -n "s/.*\b$2=\([0-9]*\).*/\1/p" | head -1
 }
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run "$1" ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
-# pingpong SERVER_HOST CLIENT_HOST SERVER_ADDR GID SIZE: one ibv_ud_pingpong --chk run.
 pingpong() {
   local sh=$1 ch=$2 addr=$3 gid=$4 size=$5
   timeout 60 "$hosts" run "$sh" ibv_ud_pingpong -d xsrc0 -g "$gid" -p "$port" -s "$size" -n 200 -c \
@@ -101,19 +58,12 @@ stop_capture "$dir/wire.pcap"
 [ $fail -eq 0 ] || exit 1
 # 200 iterations each way per run.
 want=$((runs * 2 * 200))
-result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
-packets=${result%% *}
-echo "icrc_check: $result"
+check_capture "$dir/wire.pcap"
 # A loaded machine may make tcpdump lose some (it says how many): those are
 # not on file to check, but every one must have been sent.
 lost=$(sed -n 's/^\([0-9]*\) packets\{0,1\} dropped by kernel.*/\1/p' "$dir/wire.pcap.log")
 [ $((${packets:-0} + ${lost:-0})) -ge "$want" ] ||
   bad "captured $packets RoCE packets (tcpdump lost ${lost:-0}), expected at least $want"
-decoded=$(tshark -r "$dir/wire.pcap" -Y infiniband 2>/dev/null | wc -l)
-malformed=$(tshark -r "$dir/wire.pcap" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-echo "tshark: $decoded packets decoded as InfiniBand, $malformed malformed"
-[ "$decoded" -eq "$packets" ] || bad "tshark decoded $decoded of $packets packets as InfiniBand"
-[ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
 ipv6=$(tshark -r "$dir/wire.pcap" -Y 'ipv6 && infiniband.bth.opcode == 100' 2>/dev/null | wc -l)
 ipv4=$(tshark -r "$dir/wire.pcap" -Y 'ip && infiniband.bth.opcode == 100' 2>/dev/null | wc -l)
 [ "$ipv4" -gt 0 ] && [ "$ipv6" -gt 0 ] || bad "UD SEND Only over IPv4: $ipv4, over IPv6: $ipv6"
@@ -138,9 +88,4 @@ sleep 0.3
   bad "a good packet to no QP was not dropped past the ICRC check"
 "$hosts" run 1 "$XSRC" status
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ ! -e "/run/$XSRC_HOSTS_PREFIX" ] || bad "/run/$XSRC_HOSTS_PREFIX is left"
-[ $fail -eq 0 ] && echo "ud_wire_pingpong: all checks passed"
-exit $fail
+finish ud_wire_pingpong

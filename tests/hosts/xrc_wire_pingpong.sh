@@ -11,46 +11,8 @@
 #   xrc_wire_pingpong.sh PORT
 set -u
 port=$1
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
 export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrcxr}
-dir=$(mktemp -d)
-pids=()
-capture=
-cleanup() {
-  [ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
-
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 16384 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-  grep -E "captured|dropped" "$1.log"
-}
-wait_listen() {
-  for _ in $(seq 100); do
-    "$hosts" run "$1" ss -ltn 2>/dev/null | grep -q ":$port " && return 0
-    sleep 0.1
-  done
-}
+. "$(dirname "$0")/lib.sh"
 
 # xsrq GID SIZE ITERS: ibv_xsrq_pingpong, server on host 1, two clients on host 2.
 xsrq() {
@@ -114,14 +76,7 @@ xsrq 2 3000 5
 srq 1 3000 20
 stop_capture "$dir/wire.pcap"
 [ $fail -eq 0 ] || exit 1
-result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
-echo "icrc_check: $result"
-decoded=$(tshark -r "$dir/wire.pcap" -Y infiniband 2>/dev/null | wc -l)
-malformed=$(tshark --disable-protocol rpcordma -r "$dir/wire.pcap" \
-  -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-echo "tshark: $decoded packets decoded as InfiniBand, $malformed malformed"
-[ "$decoded" -eq "${result%% *}" ] || bad "tshark decoded $decoded of ${result%% *} packets as InfiniBand"
-[ "$malformed" -eq 0 ] || bad "tshark: $malformed malformed packets"
+check_capture "$dir/wire.pcap"
 # XRC SEND First 0xA0, Middle 0xA1, Last 0xA2, Only 0xA4, XRC Acknowledge 0xB1.
 for opcode in 160 161 162 164 177; do
   n=$(tshark -r "$dir/wire.pcap" -Y "infiniband.bth.opcode == $opcode" 2>/dev/null | wc -l)
@@ -154,8 +109,4 @@ done
 "$hosts" run 1 "$XSRC" status
 "$hosts" run 2 "$XSRC" status
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "xrc_wire_pingpong: all checks passed"
-exit $fail
+finish xrc_wire_pingpong
