@@ -383,6 +383,11 @@ bool gid_is_ipv4_mapped(const std::array<uint8_t, 16> &gid)
 	return std::memcmp(gid.data(), kPrefix, sizeof(kPrefix)) == 0;
 }
 
+bool gid_is_multicast(const std::array<uint8_t, 16> &gid)
+{
+	return gid[0] == 0xFF || (gid_is_ipv4_mapped(gid) && (gid[12] & 0xF0) == 0xE0);
+}
+
 in_addr gid_ipv4(const std::array<uint8_t, 16> &gid)
 {
 	in_addr a;

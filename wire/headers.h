@@ -271,5 +271,7 @@ uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn);
 // An IPv4-mapped GID (::ffff:a.b.c.d) and its address.
 bool gid_is_ipv4_mapped(const std::array<uint8_t, 16> &gid);
 in_addr gid_ipv4(const std::array<uint8_t, 16> &gid);
+// A multicast group's GID: ff00::/8, or IPv4-mapped 224.0.0.0/4.
+bool gid_is_multicast(const std::array<uint8_t, 16> &gid);
 
 }  // namespace xsrc::wire

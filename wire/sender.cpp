@@ -32,6 +32,12 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 		int pmtu = IP_PMTUDISC_DO;
 		if (setsockopt(s.fd.get(), IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)))
 			return errno;
+		// Multicast leaves from the source address's netdev, never looped
+		// back into this host (its members got the datagram from the
+		// shared-memory engine already).
+		int zero = 0;
+		if (setsockopt(s.fd.get(), IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof(zero)))
+			return errno;
 		sockaddr_in a{};
 		a.sin_family = AF_INET;
 		a.sin_port = htons(port);
@@ -45,8 +51,13 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 		return 0;
 	}
 	int pmtu = IPV6_PMTUDISC_DO;
+	int zero = 0, mc_if = static_cast<int>(ifindex);
 	if (setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) ||
-	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)))
+	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) ||
+	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)))
+		return errno;
+	// IPv6 multicast names its interface (the GID's netdev), as link-local does.
+	if (mc_if && setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &mc_if, sizeof(mc_if)))
 		return errno;
 	sockaddr_in6 a{};
 	a.sin6_family = AF_INET6;
@@ -196,7 +207,7 @@ void destination(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid,
 }  // namespace
 
 int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
-		const iovec *payload, size_t npayload, size_t payload_len) noexcept
+		const iovec *payload, size_t npayload, size_t payload_len, uint8_t hop_limit) noexcept
 {
 	std::array<uint8_t, 8> tail;
 	std::array<iovec, kMaxPayloadIov + 2> iov;
@@ -209,6 +220,19 @@ int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, 
 	destination(s, dgid, a4, a6, msg);
 	msg.msg_iov = iov.data();
 	msg.msg_iovlen = n;
+	// A multicast datagram's TTL / hop limit is the address handle's, as
+	// rxe puts it (the socket's default would be 1).
+	alignas(cmsghdr) std::array<uint8_t, CMSG_SPACE(sizeof(int))> control{};
+	if (hop_limit && gid_is_multicast(dgid)) {
+		msg.msg_control = control.data();
+		msg.msg_controllen = control.size();
+		cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = s.ipv4 ? IPPROTO_IP : IPPROTO_IPV6;
+		c->cmsg_type = s.ipv4 ? IP_TTL : IPV6_HOPLIMIT;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		int value = hop_limit;
+		std::memcpy(CMSG_DATA(c), &value, sizeof(value));
+	}
 	int saved = errno;
 	ssize_t sent = sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL);
 	int err = sent < 0 ? errno : 0;

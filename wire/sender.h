@@ -60,10 +60,12 @@ namespace xsrc::wire {
 // transport headers `headers` (BTH first), `payload` (up to `npayload`
 // iovecs, `payload_len` bytes), the pad the BTH announces and the ICRC,
 // computed over the IP and UDP headers the kernel will write. The caller
-// sets bth.pad to (4 - payload_len % 4) % 4. Returns 0 or errno; a
-// datagram the network cannot take is the caller's loss, as on a wire.
+// sets bth.pad to (4 - payload_len % 4) % 4. `hop_limit` (1..255) is the
+// TTL / hop limit of a datagram to a multicast GID (0: the socket's, 1);
+// unicast keeps the kernel's. Returns 0 or errno; a datagram the network
+// cannot take is the caller's loss, as on a wire.
 int send_packet(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
-		const iovec *payload, size_t npayload, size_t payload_len) noexcept;
+		const iovec *payload, size_t npayload, size_t payload_len, uint8_t hop_limit = 0) noexcept;
 
 // Most payload iovecs send_packet takes.
 inline constexpr size_t kMaxPayloadIov = 32;

@@ -9,14 +9,20 @@
 // multicast is EINVAL; attaching a QP to a group it is in is 0; detaching it
 // from a group it is not in is EINVAL; past max_mcast_grp,
 // max_mcast_qp_attach or max_total_mcast_qp_attach is ENOMEM. The multicast
-// LID is ignored, as the kernel ignores it on a RoCE port.
+// LID is ignored, as the kernel ignores it on a RoCE port. While a group
+// has members here, the host is a member of its IP group on the netdev.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "common/atomic.h"
 #include "dispatcher_handlers.h"
+#include "log.h"
 
 namespace xsrc {
 namespace {
@@ -58,6 +64,36 @@ uint32_t free_entry(const Device &dev)
 	return static_cast<uint32_t>(std::find(used.begin(), used.end(), false) - used.begin());
 }
 
+// Joins the group's IP multicast address (IPv4 for an IPv4-mapped GID) on
+// the device's netdev, so that other hosts' datagrams to the group reach it
+// (xsrcd/wire_receiver.cpp, wire_deliver.cpp). One socket per group: the
+// kernel limits memberships per socket (igmp_max_memberships, 20), not
+// sockets. A group that cannot be joined (no netdev, no IPv6) still works
+// on this host; the reason goes to the debug log.
+unique_fd join_ip_group(const Device &dev, const GidBytes &gid)
+{
+	bool ipv4 = gid[10] == 0xFF && gid[11] == 0xFF && gid[0] == 0;
+	unique_fd fd(::socket(ipv4 ? AF_INET : AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
+	int rc = -1;
+	if (fd && ipv4) {
+		ip_mreqn m{};
+		std::memcpy(&m.imr_multiaddr, gid.data() + 12, 4);
+		m.imr_ifindex = dev.netdev.ifindex;
+		rc = setsockopt(fd.get(), IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m));
+	} else if (fd) {
+		ipv6_mreq m{};
+		std::memcpy(&m.ipv6mr_multiaddr, gid.data(), sizeof(m.ipv6mr_multiaddr));
+		m.ipv6mr_interface = static_cast<unsigned>(dev.netdev.ifindex);
+		rc = setsockopt(fd.get(), IPPROTO_IPV6, IPV6_JOIN_GROUP, &m, sizeof(m));
+	}
+	if (rc) {
+		debug_log("attach_mcast: cannot join the IP group on ifindex %d (%s): members on other hosts do not reach it",
+			  dev.netdev.ifindex, strerror(errno));
+		fd.reset();
+	}
+	return fd;
+}
+
 // Takes the QP out of one group; the group goes with its last member.
 void leave_group(Device &dev, Qp &qp, const Gid &gid)
 {
@@ -68,7 +104,7 @@ void leave_group(Device &dev, Qp &qp, const Gid &gid)
 	--dev.mcast_attachments;
 	uint32_t entry = it->second.entry;
 	if (it->second.members.empty()) {
-		dev.mcast_groups.erase(it);
+		dev.mcast_groups.erase(it);  // closes its socket: leaves the IP group
 		publish_group(*dev.arena, entry, gid.raw, {});
 	} else {
 		publish_group(*dev.arena, entry, gid.raw, it->second.members);
@@ -123,7 +159,8 @@ int cmd_attach_mcast(Context &ctx, Caller &, const Request &req)
 
 	r.qp->mcast_groups.reserve(r.qp->mcast_groups.size() + 1);
 	if (new_group)
-		it = dev.mcast_groups.emplace(r.gid.raw, Device::McastGroup{free_entry(dev), {}}).first;
+		it = dev.mcast_groups.emplace(r.gid.raw, Device::McastGroup{free_entry(dev), {}, join_ip_group(dev, r.gid.raw)})
+			     .first;
 	it->second.members.push_back(r.qp->qpn());
 	r.qp->mcast_groups.push_back(r.gid);
 	++dev.mcast_attachments;

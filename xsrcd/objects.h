@@ -379,6 +379,11 @@ struct Device {
 	struct McastGroup {
 		uint32_t entry = 0;        // in the arena's xsrc_mcast_table
 		std::vector<Qpn> members;  // attach order, each once
+		// A UDP socket joined to the group's IP address on the netdev
+		// (IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP) while the group has members:
+		// the host reports the membership and its netdev takes the group's
+		// frames, which the wire receiver delivers. Closing it leaves.
+		unique_fd ip_member;
 	};
 	std::map<std::array<uint8_t, 16>, McastGroup> mcast_groups;  // by Gid::raw
 	uint32_t mcast_attachments = 0;  // members over all groups

@@ -7,7 +7,7 @@
 // in its CQ ring.
 //
 // UD: SEND Only (with Immediate) into a posted receive, Q_Key checked, the
-// GRH built from the IP header.
+// GRH built from the IP header; to a multicast group, into each member QP.
 // RC and UC requests: the responder (IBTA 9.7): PSNs, FIRST/MIDDLE/LAST/ONLY
 // SEND into one receive, RDMA WRITE through the rkey, immediate data,
 // SEND with Invalidate (IETH); RC also READ, atomics and ATOMIC WRITE, the
@@ -293,16 +293,19 @@ Qp *packet_qp(Device &dev, const Packet &pk, Context *&owner)
 	return qp;
 }
 
-WireOutcome deliver_ud(Device &dev, const Packet &pk)
+bool is_ud_send(uint8_t opcode)
 {
-	if (pk.bth.opcode != w::opcode::kUdSendOnly && pk.bth.opcode != w::opcode::kUdSendOnlyImm)
-		return WireOutcome::dropped;
-	Context *ownerp = nullptr;
-	Qp *qp = packet_qp(dev, pk, ownerp);
+	return opcode == w::opcode::kUdSendOnly || opcode == w::opcode::kUdSendOnlyImm;
+}
+
+// A UD datagram into `qp` (owned by `owner`, null: none): its Q_Key
+// checked, into the oldest posted receive, the GRH from the IP header.
+WireOutcome deliver_ud_to(Device &dev, const Packet &pk, Qp *qp, Context *ownerp)
+{
 	w::Deth deth = w::decode_deth(ext_bytes<w::kDethBytes>(pk, w::kExtDeth));
 	// A UD datagram nobody can take is dropped silently (IBTA 10.2.5: a
 	// Q_Key violation too).
-	if (!qp || qp->qp_type != IBV_QPT_UD || !receive_state(qp_current_state(dev, *qp)) ||
+	if (!qp || !ownerp || qp->qp_type != IBV_QPT_UD || !receive_state(qp_current_state(dev, *qp)) ||
 	    qp->attributes().qkey != deth.qkey)
 		return WireOutcome::dropped;
 	Context &owner = *ownerp;
@@ -314,7 +317,7 @@ WireOutcome deliver_ud(Device &dev, const Packet &pk)
 	xsrc_cqe c{};
 	c.wr_id = rwqe.wr_id;
 	c.opcode = IBV_WC_RECV;
-	c.qp_num = pk.bth.dest_qpn;
+	c.qp_num = qp->qpn().value();
 	std::array<uint8_t, w::kGrhBytes> grh = w::grh_from_ip(pk.ip_header);
 	uint64_t len = w::kGrhBytes + pk.payload.size();
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
@@ -341,6 +344,38 @@ WireOutcome deliver_ud(Device &dev, const Packet &pk)
 	}
 	complete(dev, owner, *side->cq, c);
 	return WireOutcome::delivered;
+}
+
+WireOutcome deliver_ud(Device &dev, const Packet &pk)
+{
+	if (!is_ud_send(pk.bth.opcode))
+		return WireOutcome::dropped;
+	Context *owner = nullptr;
+	Qp *qp = packet_qp(dev, pk, owner);
+	return deliver_ud_to(dev, pk, qp, owner);
+}
+
+// A UD datagram to a multicast group with members here: once into each
+// member QP (each with its own Q_Key check and receive). Only to the
+// multicast QPN (IBTA 10.5.2.1), only UD SENDs; a group without members
+// here (one this host left, or never joined) takes nothing.
+WireOutcome deliver_multicast(Device &dev, const Packet &pk)
+{
+	if (static_cast<w::Transport>(pk.bth.opcode & 0xE0) != w::Transport::ud || !is_ud_send(pk.bth.opcode) ||
+	    pk.bth.dest_qpn != XSRC_MCAST_QPN)
+		return WireOutcome::dropped;
+	auto group = dev.mcast_groups.find(pk.dgid);
+	if (group == dev.mcast_groups.end())
+		return WireOutcome::dropped;
+	bool any = false;
+	for (Qpn member : group->second.members) {
+		if (member.value() < XSRC_QPN_BASE)
+			continue;
+		ObjectRef ref = dev.qp_slots.find(member.value() - XSRC_QPN_BASE);
+		Qp *qp = ref ? lookup<Qp>(*ref.ctx, ref.handle) : nullptr;
+		any |= deliver_ud_to(dev, pk, qp, ref.ctx) == WireOutcome::delivered;
+	}
+	return any ? WireOutcome::delivered : WireOutcome::dropped;
 }
 
 // --- the RC / UC responder -------------------------------------------------
@@ -987,6 +1022,8 @@ bool is_response(uint8_t opcode)
 WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
 {
 	std::optional<Packet> pk = parse(ip_packet);
+	if (pk && w::gid_is_multicast(pk->dgid))
+		return deliver_multicast(dev, *pk);
 	if (!pk || !device_has_gid(dev, pk->dgid))
 		return WireOutcome::dropped;
 	switch (static_cast<w::Transport>(pk->bth.opcode & 0xE0)) {

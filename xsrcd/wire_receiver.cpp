@@ -160,9 +160,13 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				}
 				int n = recvmmsg(i.packets.get(), msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
 				for (int k = 0; k < n; ++k) {
-					// Only what arrives for this host: not our own sends,
-					// not frames for other hosts a promiscuous link shows us.
-					if (msgs[k].msg_len == 0 || from[k].sll_pkttype != PACKET_HOST)
+					// Only what arrives for this host, to it or to a
+					// multicast group (delivery keeps the groups it has
+					// members in): not our own sends (OUTGOING) nor their
+					// multicast loop-back (LOOPBACK), not frames for other
+					// hosts a promiscuous link shows us.
+					uint8_t type = from[k].sll_pkttype;
+					if (msgs[k].msg_len == 0 || (type != PACKET_HOST && type != PACKET_MULTICAST))
 						continue;
 					self->handle({bufs.data() + k * kMaxPacket, msgs[k].msg_len});
 				}

@@ -7,8 +7,9 @@
 // the wire cannot carry is unrouted: reliable QPs retry, then complete with
 // IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire with
 // nobody at the other end.
-// A multicast GID is a group with members on this device (and,
-// once there is a wire, beyond it): the shared-memory engine delivers it.
+// A multicast GID is a group with members on this device and beyond it:
+// the shared-memory engine delivers to this device's members and puts one
+// datagram on the wire for the other hosts' (xsrc_wire_send_multicast).
 #include "xsrc.h"
 
 #include <cstring>

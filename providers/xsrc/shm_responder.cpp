@@ -806,7 +806,8 @@ Result shm_execute_at(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, 
 // and its own receive — one without a posted receive drops its copy, the
 // others still get theirs. The sending QP is skipped even when it is a
 // member: nothing loops a datagram back to the QP that sent it. The sender's
-// completion is a success however many members took it. A multicast
+// completion is a success however many members took it. Other hosts'
+// members get it from the wire (xsrc_wire_send_multicast). A multicast
 // destination needs the multicast QPN (IBTA 10.5.2.1); any other is dropped.
 Result shm_execute_multicast(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 {
@@ -827,6 +828,8 @@ Result shm_execute_multicast(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe
 			continue;  // not for this member: a UD datagram is dropped silently
 		responder_deliver(ctx, qp, wqe, r, local, true);
 	}
+	// Members on other hosts: once, onto the wire (never looped back here).
+	xsrc_wire_send_multicast(ctx, qp, wqe);
 	return Result::done(local.total);
 }
 

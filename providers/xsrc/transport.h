@@ -74,6 +74,10 @@ extern const xsrc_transport xsrc_shm_transport;  // shm_responder.cpp
 extern const xsrc_transport xsrc_unrouted_transport;
 // RoCE v2 to another host (wire_requester.cpp): UD, and RC and UC (wire_rc.cpp).
 extern const xsrc_transport xsrc_wire_transport;
+// A UD send to a multicast group leaves for the other hosts' members too:
+// one RoCE v2 datagram to the group's IP multicast address, TTL / hop limit
+// from the AH. Lost quietly when it cannot leave (as on a wire).
+void xsrc_wire_send_multicast(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept;
 
 // --- route.cpp: which engine reaches a destination -------------------------
 

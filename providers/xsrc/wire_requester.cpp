@@ -3,7 +3,8 @@
 // leave as RoCE v2 packets over UDP to port 4791 of the GID's address
 // (IPv4-mapped GID: IPv4, else IPv6), sent from this process (wire/sender.h).
 // UD: one SEND Only (with Immediate) packet per message, no larger than the
-// port's MTU. RC, UC and XRC: wire_rc.cpp. The receiving host's xsrcd
+// port's MTU; to a multicast GID, one datagram to the IP group (the
+// shared-memory engine delivered to this host's members: shm_responder.cpp). RC, UC and XRC: wire_rc.cpp. The receiving host's xsrcd
 // checks the ICRC and delivers (xsrcd/wire_receiver.cpp, wire_deliver.cpp).
 #include "xsrc.h"
 
@@ -80,7 +81,8 @@ Result wire_send_ud(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 
 	// A datagram the network cannot take is lost, as on a wire: the sender
 	// of an unreliable message never learns.
-	(void)w::send_packet(*s, dgid, {hdr.data(), hdr_len}, local.iov.data(), local.count, local.total);
+	(void)w::send_packet(*s, dgid, {hdr.data(), hdr_len}, local.iov.data(), local.count, local.total,
+			     wqe.ah->attr.grh.hop_limit);
 	return Result::done(local.total);
 }
 
@@ -94,6 +96,12 @@ Result wire_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) no
 }
 
 }  // namespace
+
+void xsrc_wire_send_multicast(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noexcept
+{
+	if (wqe.ah && wqe.ah->attr.is_global)
+		(void)wire_send_ud(ctx, qp, wqe);
+}
 
 const xsrc_transport xsrc_wire_transport = {
 	.name = "wire",
