@@ -10,7 +10,8 @@
 # (::ffff:239.x) and an IPv6 (ff0e::) group. The capture on the bridge holds
 # one packet per datagram, with the AH's hop limit, decodes with tshark's
 # InfiniBand dissector with nothing malformed, and every ICRC checks with
-# tests/wire/icrc_check.py.
+# tests/wire/icrc_check.py. Then mckey (rdma_cm) with a receiver on each
+# host, over both group kinds.
 #   mcast_wire.sh PROGRAM
 set -u
 prog=$1
@@ -111,6 +112,23 @@ start_capture "$dir/wire.pcap"
 one_group 1 ::ffff:239.77.1.1 239.77.1.1
 one_group 2 ff0e::77:1 ff0e::77:1
 stop_capture "$dir/wire.pcap"
+
+# rdma_cm's multicast (unmodified mckey through `xsrc run`): a receiver on
+# each host, the sender on host 1; each receiver waits for all the messages.
+for g in 239.77.2.2 ff0e::77:2; do
+  case $g in *:*) b1=fd77::1 b2=fd77::2 ;; *) b1=10.77.0.1 b2=10.77.0.2 ;; esac
+  timeout 40 "$hosts" run 2 "$XSRC" run -- mckey -m $g -b $b2 -c 1 -C 20 >"$dir/mckey2" 2>&1 &
+  k2=$!; pids+=($k2)
+  timeout 40 "$hosts" run 1 "$XSRC" run -- mckey -m $g -b $b1 -c 1 -C 20 >"$dir/mckey1" 2>&1 &
+  k1=$!; pids+=($k1)
+  sleep 2  # the receivers join before anything is sent
+  timeout 40 "$hosts" run 1 "$XSRC" run -- mckey -m $g -b $b1 -c 1 -s -C 20 >"$dir/mckeys" 2>&1 ||
+    bad "mckey $g: sender: $(cat "$dir/mckeys")"
+  wait $k2 || bad "mckey $g: receiver on host 2: $(cat "$dir/mckey2")"
+  wait $k1 || bad "mckey $g: receiver on host 1: $(cat "$dir/mckey1")"
+  pids=()
+  echo "mckey $g: 20 messages to a receiver on each host"
+done
 
 # One packet per datagram sent: 2 groups x 2N; none to host 1's members.
 want=$((2 * 2 * n))
