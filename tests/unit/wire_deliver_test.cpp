@@ -214,6 +214,56 @@ TEST_F(WireDeliverTest, AnotherHostsAddressIsDropped)
 	expect_dropped({.dst = "127.0.0.9"});
 }
 
+// UD multicast from another host: to the group's IP address and QPN
+// 0xFFFFFF, into each member QP, never to a group without members here.
+class WireMulticastTest : public WireDeliverTest {
+protected:
+	int mcast(uint32_t command, const char *group_v4)
+	{
+		ib_uverbs_attach_mcast cmd{};  // DETACH_MCAST's struct has this layout too
+		cmd.gid[10] = cmd.gid[11] = 0xFF;
+		inet_pton(AF_INET, group_v4, cmd.gid + 12);
+		cmd.qp_handle = qp.handle;
+		return run(command, cmd);
+	}
+};
+
+TEST_F(WireMulticastTest, GroupDatagramReachesTheMemberWithItsOwnQpn)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	ASSERT_EQ(mcast(IB_USER_VERBS_CMD_ATTACH_MCAST, "239.1.2.3"), 0);
+	std::vector<uint8_t> p = packet({.qpn = XSRC_MCAST_QPN, .dst = "239.1.2.3"});
+	EXPECT_EQ(wire_deliver(dev, p), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->qp_num, qp.qpn);
+	EXPECT_EQ(c->src_qp, kSrcQpn);
+	EXPECT_EQ(c->byte_len, kGrh + 13);
+	EXPECT_TRUE(std::equal(buf + 20, buf + kGrh, p.begin()));  // the IPv4 header
+}
+
+TEST_F(WireMulticastTest, GroupDatagramToAnotherQpnWrongQkeyOrOtherGroupIsDropped)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	ASSERT_EQ(mcast(IB_USER_VERBS_CMD_ATTACH_MCAST, "239.1.2.3"), 0);
+	expect_dropped({.qpn = qp.qpn, .dst = "239.1.2.3"});
+	expect_dropped({.qpn = XSRC_MCAST_QPN, .qkey = kQkey + 1, .dst = "239.1.2.3"});
+	expect_dropped({.qpn = XSRC_MCAST_QPN, .dst = "239.1.2.4"});
+	expect_dropped({.opcode = 0x04, .qpn = XSRC_MCAST_QPN, .dst = "239.1.2.3"});  // RC SEND Only
+}
+
+TEST_F(WireMulticastTest, DetachedQpGetsNothingMore)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	ASSERT_EQ(mcast(IB_USER_VERBS_CMD_ATTACH_MCAST, "239.1.2.3"), 0);
+	ASSERT_EQ(mcast(IB_USER_VERBS_CMD_DETACH_MCAST, "239.1.2.3"), 0);
+	expect_dropped({.qpn = XSRC_MCAST_QPN, .dst = "239.1.2.3"});
+}
+
 TEST_F(WireDeliverTest, NotAUdSendIsDropped)
 {
 	to_rtr();
