@@ -34,10 +34,9 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 			return errno;
 		// Multicast leaves from the source address's netdev, never looped
 		// back into this host (its members got the datagram from the
-		// shared-memory engine already).
+		// shared-memory engine already). Not fatal: unicast needs none of it.
 		int zero = 0;
-		if (setsockopt(s.fd.get(), IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof(zero)))
-			return errno;
+		(void)setsockopt(s.fd.get(), IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof(zero));
 		sockaddr_in a{};
 		a.sin_family = AF_INET;
 		a.sin_port = htons(port);
@@ -51,14 +50,15 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 		return 0;
 	}
 	int pmtu = IPV6_PMTUDISC_DO;
-	int zero = 0, mc_if = static_cast<int>(ifindex);
 	if (setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) ||
-	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)) ||
-	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)))
+	    setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu, sizeof(pmtu)))
 		return errno;
-	// IPv6 multicast names its interface (the GID's netdev), as link-local does.
-	if (mc_if && setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &mc_if, sizeof(mc_if)))
-		return errno;
+	// Multicast: never looped back here, and out of the GID's netdev (IPv6
+	// names its interface, as link-local does). Not fatal: unicast needs none.
+	int zero = 0, mc_if = static_cast<int>(ifindex);
+	(void)setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero));
+	if (mc_if)
+		(void)setsockopt(s.fd.get(), IPPROTO_IPV6, IPV6_MULTICAST_IF, &mc_if, sizeof(mc_if));
 	sockaddr_in6 a{};
 	a.sin6_family = AF_INET6;
 	a.sin6_port = htons(port);
