@@ -15,45 +15,13 @@
 #   mcast_wire.sh PROGRAM
 set -u
 prog=$1
-here=$(cd "$(dirname "$0")" && pwd)
-hosts=$here/hosts.sh
-checker=$here/../wire/icrc_check.py
 : "${XSRC_HOSTS_PREFIX:=xsrcmc}"
 export XSRC_HOSTS_PREFIX
+. "$(dirname "$0")/lib.sh"
+chmod 755 "$dir"  # the members write their files there from the hosts
 n=${MCAST_WIRE_N:-100}
 qkey=0x11111111
 hop=5
-dir=$(mktemp -d)
-chmod 755 "$dir"
-pids=()
-capture=
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  [ -z "$capture" ] || { kill -INT "$capture" 2>/dev/null; wait "$capture" 2>/dev/null; }
-  "$hosts" down
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
-
-start_capture() {
-  ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B 8192 -U -n -w "$1" udp port 4791 2>"$1.log" &
-  capture=$!
-  for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
-  bad "tcpdump did not start: $(cat "$1.log")"
-}
-stop_capture() {
-  local size=-1 now
-  for _ in $(seq 50); do
-    sleep 0.5
-    now=$(stat -c %s "$1")
-    [ "$now" = "$size" ] && break
-    size=$now
-  done
-  kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
-  grep -E "captured|dropped" "$1.log"
-}
 wait_file() {
   for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
   bad "$1 did not appear"; return 1
@@ -132,29 +100,15 @@ done
 
 # One packet per datagram sent: 2 groups x 2N; none to host 1's members.
 want=$((2 * 2 * n))
-result=$(/usr/bin/python3 "$checker" "$dir/wire.pcap") || bad "ICRC: $result"
-packets=${result%% *}
-echo "icrc_check: $result"
+check_capture "$dir/wire.pcap"
 lost=$(sed -n 's/^\([0-9]*\) packets\{0,1\} dropped by kernel.*/\1/p' "$dir/wire.pcap.log")
 [ "${packets:-0}" -le "$want" ] || bad "captured $packets RoCE packets, more than the $want datagrams sent"
 [ $((${packets:-0} + ${lost:-0})) -ge "$want" ] ||
   bad "captured $packets RoCE packets (tcpdump lost ${lost:-0}), expected $want"
-decoded=$(tshark -r "$dir/wire.pcap" -Y infiniband 2>/dev/null | wc -l)
-malformed=$(tshark -r "$dir/wire.pcap" -Y '_ws.malformed || _ws.expert.severity >= error' 2>/dev/null | wc -l)
-echo "tshark: $decoded packets decoded as InfiniBand, $malformed malformed"
-[ "$decoded" -eq "$packets" ] || bad "tshark decoded $decoded of $packets packets as InfiniBand"
-[ "$malformed" -eq 0 ] || {
-  bad "tshark: $malformed malformed packets"
-  tshark -r "$dir/wire.pcap" -Y '_ws.malformed || _ws.expert.severity >= error' -V 2>/dev/null | head -150
-}
 v4=$(tshark -r "$dir/wire.pcap" -Y "ip.dst == 239.77.1.1 && ip.ttl == $hop && infiniband.bth.destqp == 0xffffff" 2>/dev/null | wc -l)
 v6=$(tshark -r "$dir/wire.pcap" -Y "ipv6.dst == ff0e::77:1 && ipv6.hlim == $hop && infiniband.bth.destqp == 0xffffff" 2>/dev/null | wc -l)
 echo "to the IPv4 group with TTL $hop: $v4; to the IPv6 group with hop limit $hop: $v6"
 [ "$v4" -gt 0 ] && [ "$v6" -gt 0 ] && [ $((v4 + v6)) -eq "$packets" ] ||
   bad "packets to the groups with the AH's hop limit and QPN 0xFFFFFF: IPv4 $v4, IPv6 $v6, of $packets"
 
-trap - EXIT
-cleanup
-ip netns list | grep -q "^$XSRC_HOSTS_PREFIX-" && bad "a namespace is left"
-[ $fail -eq 0 ] && echo "mcast_wire: all checks passed"
-exit $fail
+finish mcast_wire
