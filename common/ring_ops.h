@@ -241,7 +241,10 @@ inline uint64_t recv_count(xsrc_recv_ring *ring)
 }
 
 // Posts a receive (the owner is the only producer). False when full.
-inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
+// `on_slot(pos)` runs once the slot at ring position `pos` is ours, before
+// the receive is published (the owner records it privately there).
+template <typename OnSlot>
+inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge, OnSlot &&on_slot)
 {
 	uint64_t pos = atomic(ring->tail).load(std::memory_order_relaxed);
 	uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
@@ -257,6 +260,7 @@ inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge,
 		if (spins % kSpinsPerYield == kSpinsPerYield - 1)
 			sched_yield();
 	}
+	on_slot(pos);
 	slot->wr_id = wr_id;
 	slot->num_sge = num_sge;
 	std::memcpy(recv_sges(slot), sge, num_sge * sizeof(xsrc_sge));
@@ -265,11 +269,18 @@ inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge,
 	return true;
 }
 
+inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
+{
+	return recv_push(ring, wr_id, sge, num_sge, [](uint64_t) {});
+}
+
 // A receive WQE copied out of a ring.
 struct RecvWqe {
 	uint64_t wr_id = 0;
 	uint32_t num_sge = 0;
 	xsrc_sge sge[XSRC_MAX_RECV_SGE];
+	bool from_ring = false;  // popped from a receive ring, at ring position `pos`
+	uint64_t pos = 0;
 };
 
 // Claims the oldest posted receive (any process may consume). False if
@@ -285,6 +296,8 @@ inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kU
 		if (dif == 0) {
 			if (head.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
 				out.wr_id = slot->wr_id;
+				out.from_ring = true;
+				out.pos = pos;
 				out.num_sge = slot->num_sge <= XSRC_MAX_RECV_SGE ? slot->num_sge : 0;
 				std::memcpy(out.sge, recv_sges(slot), out.num_sge * sizeof(xsrc_sge));
 				atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);

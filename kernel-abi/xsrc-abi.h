@@ -46,8 +46,10 @@
  * Revision 7 added tag-matching SRQs (IBV_SRQT_TM through CREATE_XSRQ): the
  * tag table after a TM SRQ's ring (xsrc-queues.h, xsrc_tm_table) and the
  * tag a matched completion carries (XSRC_CQE_TM_INFO).
- * Revision 8 added RC and UC on the wire: XSRC_CMD_WIRE_RESPONSES. */
-#define XSRC_DRIVER_ABI_REVISION 8
+ * Revision 8 added RC and UC on the wire: XSRC_CMD_WIRE_RESPONSES.
+ * Revision 9 checks a device copy into a receive against the receive
+ * posted: XSRC_CMD_RECV_SHADOW, struct xsrc_copy_recv. */
+#define XSRC_DRIVER_ABI_REVISION 9
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -199,6 +201,14 @@ enum {
 	 * waiting (a response that does not fit is lost, as on a wire). A
 	 * second registration replaces the first. No response. */
 	XSRC_CMD_WIRE_RESPONSES = 0xf7,
+	/* v9: the caller registers the shadow of a receive queue of its own
+	 * (a QP's RQ or an SRQ): a table in its private memory, one entry per
+	 * ring slot, that it fills as it posts receives. From then on a
+	 * XSRC_CMD_COPY into that queue must name the ring position it popped
+	 * (struct xsrc_copy_recv) and may only write inside the SGEs the entry
+	 * for that position records. A second registration replaces the
+	 * first. No response. */
+	XSRC_CMD_RECV_SHADOW = 0xf8,
 };
 
 enum xsrc_event_kind {
@@ -305,6 +315,19 @@ struct xsrc_copy_resp {
 	__aligned_u64 bytes; /* bytes moved */
 };
 
+/* v9: driver data after struct xsrc_copy, for an XSRC_COPY_LKEY copy into a
+ * receive taken from a ring: the ring position (the producer's count, not
+ * the slot index) the caller popped it at. */
+enum {
+	XSRC_COPY_RECV_MASK_POS = 1u << 0,
+};
+
+struct xsrc_copy_recv {
+	__u32 comp_mask;         /* XSRC_COPY_RECV_MASK_POS */
+	__u32 reserved;
+	__aligned_u64 recv_pos;
+};
+
 /* XSRC_CMD_BIND_MW (v4) */
 #define XSRC_NO_HANDLE 0xffffffffu
 
@@ -338,6 +361,35 @@ struct xsrc_invalidate {
 struct xsrc_wire_responses {
 	__u32 comp_mask;         /* 0 */
 	__u32 fd;                /* the caller's end the daemon sends into */
+};
+
+/* XSRC_CMD_RECV_SHADOW (v9) */
+enum xsrc_recv_shadow_kind {
+	XSRC_RECV_SHADOW_QP = 1,   /* handle: a QP with a receive ring of its own */
+	XSRC_RECV_SHADOW_SRQ = 2,  /* handle: a basic or XRC SRQ */
+};
+
+struct xsrc_recv_shadow {
+	__u32 comp_mask;         /* 0 */
+	__u32 kind;              /* enum xsrc_recv_shadow_kind */
+	__u32 handle;
+	__u32 num_entries;       /* the ring's num_entries */
+	__u32 stride;            /* bytes per entry: 8-aligned, at least
+				  * sizeof(xsrc_recv_shadow_entry) + 16 */
+	__u32 reserved;
+	__aligned_u64 addr;      /* entry[0] in the caller's memory */
+};
+
+/* One entry of a receive shadow, for the receive posted at ring position
+ * `pos` (slot pos % num_entries). The owner writes wr_id, num_sge and the
+ * SGEs, then `posted` = pos + 1 (0: never posted). The entry stays valid
+ * until the owner posts into the slot again (a lap later). */
+struct xsrc_recv_shadow_entry {
+	__aligned_u64 posted;
+	__aligned_u64 wr_id;
+	__u32 num_sge;
+	__u32 reserved;
+	/* struct xsrc_sge sge[num_sge] follow */
 };
 
 #endif /* XSRC_ABI_H */

@@ -93,8 +93,9 @@ uint32_t resolve_range(Context *owner, uint64_t addr, uint64_t iova, uint64_t le
 }
 
 // Resolves the peer side: 0 with `t` filled, or the status (EACCES, ESRCH)
-// explaining why the caller may not reach it.
-uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target &t)
+// explaining why the caller may not reach it. `recv_pos`: the ring position
+// of the receive an LKEY copy fills (r9), checked against the owner's shadow.
+uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, std::optional<uint64_t> recv_pos, Target &t)
 {
 	Device &dev = *ctx.device;
 	if (cmd.peer_qpn < XSRC_QPN_BASE)
@@ -117,6 +118,7 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 	// Whose PD the key must be of, and in which context its MR lives.
 	Context *owner = ref.ctx;
 	PdId pd_id;
+	const RecvShadow *shadow = &peer->recv_shadow;  // of the queue the receive came from
 	if (peer->qp_type == IBV_QPT_XRC_RECV) {
 		if (cmd.peer_srqn < XSRC_SRQN_BASE)
 			return EACCES;
@@ -128,12 +130,14 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 			return EACCES;
 		owner = sref.ctx;
 		pd_id = pd_id_of(*owner, srq->pd_handle);
+		shadow = &srq->recv_shadow;
 	} else if (cmd.peer_srqn) {
 		return EACCES;
 	} else if (cmd.key_kind == XSRC_COPY_LKEY && peer->srq_handle) {
 		// Receive buffers of a QP on an SRQ are the SRQ's.
 		const Srq *srq = lookup<Srq>(*owner, *peer->srq_handle);
 		pd_id = srq ? pd_id_of(*owner, srq->pd_handle) : PdId();
+		shadow = srq ? &srq->recv_shadow : nullptr;
 	} else {
 		pd_id = pd_id_of(*owner, peer->pd_handle);
 	}
@@ -150,8 +154,12 @@ uint32_t resolve_peer(Context &ctx, const Qp &own, const xsrc_copy &cmd, Target 
 		return 0;
 	}
 	const Mr *mr = find_mr(dev, *owner, cmd.key);
-	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || !(mr->access & IB_UVERBS_ACCESS_LOCAL_WRITE))
+	if (!mr || pd_id_of(*owner, mr->pd_handle) != pd_id || !(mr->access & IB_UVERBS_ACCESS_LOCAL_WRITE) || !shadow)
 		return EACCES;
+	// Inside a receive the owner posted, not merely inside its MR: the WQE
+	// the caller popped came from the arena, which anyone can forge.
+	if (uint32_t status = recv_shadow_check(*owner, *shadow, recv_pos, cmd.key, cmd.peer_addr, cmd.length))
+		return status;
 	return resolve_range(owner, mr->addr, mr->iova, mr->length, cmd, t);
 }
 
@@ -219,7 +227,7 @@ const Qp *sending_qp(Context &ctx, const xsrc_copy &cmd)
 // byte `done`, checked again from scratch — the device, our QP, the peer,
 // its key and range may have changed or gone since. `t` keeps addressing
 // byte 0 of the copy.
-uint32_t revalidate(Context &ctx, const xsrc_copy &cmd, uint64_t done, Target &t)
+uint32_t revalidate(Context &ctx, const xsrc_copy &cmd, std::optional<uint64_t> recv_pos, uint64_t done, Target &t)
 {
 	const Qp *own = sending_qp(ctx, cmd);
 	if (!own)
@@ -227,7 +235,7 @@ uint32_t revalidate(Context &ctx, const xsrc_copy &cmd, uint64_t done, Target &t
 	xsrc_copy rest = cmd;
 	rest.peer_addr += done;
 	rest.length -= done;
-	if (uint32_t status = resolve_peer(ctx, *own, rest, t))
+	if (uint32_t status = resolve_peer(ctx, *own, rest, recv_pos, t))
 		return status;
 	t.va -= done;
 	return owner_alive(*t.owner) ? 0 : ESRCH;
@@ -235,15 +243,15 @@ uint32_t revalidate(Context &ctx, const xsrc_copy &cmd, uint64_t done, Target &t
 
 // WRITE / READ through a bounce buffer of the daemon's, a piece at a time;
 // between pieces other contexts' commands may run.
-void move_bytes(Context &ctx, Caller &caller, const xsrc_copy &cmd, const std::vector<iovec> &iov, Target &t,
-		xsrc_copy_resp &resp)
+void move_bytes(Context &ctx, Caller &caller, const xsrc_copy &cmd, std::optional<uint64_t> recv_pos,
+		const std::vector<iovec> &iov, Target &t, xsrc_copy_resp &resp)
 {
 	std::vector<std::byte> bounce(std::min<uint64_t>(cmd.length, kBounceBytes));
 	bool write = cmd.op == XSRC_COPY_WRITE;
 	for (uint64_t done = 0; done < cmd.length;) {
 		if (done) {
 			command_yield();
-			if ((resp.status = revalidate(ctx, cmd, done, t)))
+			if ((resp.status = revalidate(ctx, cmd, recv_pos, done, t)))
 				return;
 		}
 		uint64_t len = std::min<uint64_t>(cmd.length - done, bounce.size());
@@ -398,8 +406,22 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<xsrc_copy>(req.core);
 	if (int err = check_comp_mask(cmd.comp_mask, 0))
 		return err;
-	if (int err = check_no_driver_data(req))
-		return err;
+	// r9: the ring position of the receive an LKEY copy fills.
+	std::optional<uint64_t> recv_pos;
+	if (abi_revision(ctx) < 9) {
+		if (int err = check_no_driver_data(req))
+			return err;
+	} else if (!req.driver.empty()) {
+		xsrc_copy_recv recv{};
+		if (int err = load_driver_request(req, recv, 0))
+			return err;
+		if (int err = check_comp_mask(recv.comp_mask, XSRC_COPY_RECV_MASK_POS))
+			return err;
+		if (recv.reserved || ((recv.comp_mask & XSRC_COPY_RECV_MASK_POS) && cmd.key_kind != XSRC_COPY_LKEY))
+			return refuse(EINVAL, "a reserved field, or a receive position for a copy that fills no receive");
+		if (recv.comp_mask & XSRC_COPY_RECV_MASK_POS)
+			recv_pos = recv.recv_pos;
+	}
 	if (cmd.op < XSRC_COPY_WRITE || cmd.op > XSRC_COPY_CMP_SWAP ||
 	    (cmd.key_kind != XSRC_COPY_RKEY && cmd.key_kind != XSRC_COPY_LKEY) ||
 	    cmd.num_local > XSRC_COPY_MAX_IOV || cmd.length > XSRC_MAX_MSG_SIZE)
@@ -429,7 +451,7 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 		return respond(caller, req, as_bytes_of(resp));
 	}
 	Target t;
-	resp.status = resolve_peer(ctx, *own, cmd, t);
+	resp.status = resolve_peer(ctx, *own, cmd, recv_pos, t);
 	if (!resp.status && cmd.length) {
 		if (!owner_alive(*t.owner))
 			resp.status = ESRCH;
@@ -437,7 +459,7 @@ int cmd_copy(Context &ctx, Caller &caller, const Request &req)
 			if (int err = atomic_op(ctx, caller, cmd, iov, t, resp))
 				return err;
 		} else {
-			move_bytes(ctx, caller, cmd, iov, t, resp);
+			move_bytes(ctx, caller, cmd, recv_pos, iov, t, resp);
 		}
 	}
 	return respond(caller, req, as_bytes_of(resp));

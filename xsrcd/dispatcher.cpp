@@ -111,6 +111,8 @@ const CommandTable &write_commands()
 			spec<xsrc_query_object>("XSRC_QUERY_OBJECT", cmd_query_object, true);
 		t[XSRC_CMD_WIRE_RESPONSES] =
 			spec<xsrc_wire_responses>("XSRC_WIRE_RESPONSES", cmd_wire_responses, false);
+		t[XSRC_CMD_RECV_SHADOW] =
+			spec<xsrc_recv_shadow>("XSRC_RECV_SHADOW", cmd_recv_shadow, false);
 		return t;
 	}();
 	return table;
@@ -156,6 +158,8 @@ uint32_t command_revision(uint32_t num)
 		return 6;
 	case XSRC_CMD_WIRE_RESPONSES:
 		return 8;
+	case XSRC_CMD_RECV_SHADOW:
+		return 9;
 	default:
 		return 1;
 	}

@@ -118,6 +118,16 @@ void release_xrcd(Context &ctx, uint32_t handle);
 // reach the peer's memory itself.
 int cmd_copy(Context &ctx, Caller &caller, const Request &req);
 
+// recv_shadow.cpp (driver ABI r9): a copy into a receive is checked against
+// the receive its owner posted.
+int cmd_recv_shadow(Context &ctx, Caller &caller, const Request &req);
+// 0 when [addr, +length) with `lkey` lies inside one SGE of the receive the
+// owner posted at ring position `pos`, by the owner's shadow; else EACCES
+// (no position named, not posted or reposted since, outside its SGEs) or
+// ESRCH (the owner is gone). A queue without a shadow passes.
+uint32_t recv_shadow_check(Context &owner, const RecvShadow &shadow, std::optional<uint64_t> pos, uint32_t lkey,
+			   uint64_t addr, uint64_t length);
+
 // mcast_commands.cpp (driver ABI r3): UD QPs in multicast groups.
 int cmd_attach_mcast(Context &ctx, Caller &caller, const Request &req);
 int cmd_detach_mcast(Context &ctx, Caller &caller, const Request &req);

@@ -221,6 +221,15 @@ struct WireResponderState {
 
 // A QP handle. The links are absent where the QP type has no such object:
 // XRC send QPs have no receive side, XRC receive QPs no PD and no CQs.
+// Where the owner keeps the private record of the receives it posts to a
+// queue (driver ABI r9, XSRC_CMD_RECV_SHADOW); addr 0: none registered, and
+// a copy into the queue is checked against the owner's MRs only.
+struct RecvShadow {
+	uint64_t addr = 0;          // entry[0] in the owner's memory
+	uint32_t num_entries = 0;   // a power of two
+	uint32_t stride = 0;
+};
+
 struct Qp {
 	uint64_t user_handle = 0;
 	uint8_t qp_type = 0;         // enum ibv_qp_type
@@ -239,6 +248,7 @@ struct Qp {
 	bool last_wqe_reported = false; // IBV_EVENT_QP_LAST_WQE_REACHED sent since entering ERR
 	std::vector<Gid> mcast_groups;  // UD: the multicast groups it is attached to
 	std::shared_ptr<WireResponderState> wire_responder;  // RC/UC from the wire
+	RecvShadow recv_shadow;      // of its own receive ring (r9)
 	Qpn qpn() const { return Qpn(XSRC_QPN_BASE + index); }
 	QpAttributes &attributes() { return shared ? shared->attr : attr; }
 	const QpAttributes &attributes() const { return shared ? shared->attr : attr; }
@@ -256,6 +266,7 @@ struct Srq {
 	uint32_t max_sge = 0;
 	uint32_t use_count = 0;      // QPs receiving through it
 	uint32_t events_reported = 0;
+	RecvShadow recv_shadow;      // of its receive ring (r9)
 	Srqn srqn() const { return Srqn(XSRC_SRQN_BASE + index); }
 };
 

@@ -193,9 +193,20 @@ int xsrc_peer_device_copy(xsrc_context *ctx, xsrc_qp *qp, const xsrc_peer_copy &
 	struct {
 		ib_uverbs_cmd_hdr hdr;
 		xsrc_copy body;
+#if XSRC_DRIVER_ABI_REVISION >= 9
+		xsrc_copy_recv recv;  // r9: sent only to a device that knows it
+#endif
 	} cmd{};
+	size_t cmd_bytes = offsetof(decltype(cmd), body) + sizeof(cmd.body);
+#if XSRC_DRIVER_ABI_REVISION >= 9
+	if (copy.recv_pos && ctx->driver_abi >= 9) {
+		cmd.recv.comp_mask = XSRC_COPY_RECV_MASK_POS;
+		cmd.recv.recv_pos = *copy.recv_pos;
+		cmd_bytes = sizeof(cmd);
+	}
+#endif
 	xsrc_copy_resp resp{};
-	xsrc_cmd_header(cmd.hdr, XSRC_CMD_COPY, sizeof(cmd), sizeof(resp));
+	xsrc_cmd_header(cmd.hdr, XSRC_CMD_COPY, cmd_bytes, sizeof(resp));
 	cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
 	cmd.body.op = copy_op(copy.what);
 	cmd.body.key_kind = copy.kind == xsrc_peer_copy::key_kind::lkey ? XSRC_COPY_LKEY : XSRC_COPY_RKEY;
@@ -210,9 +221,9 @@ int xsrc_peer_device_copy(xsrc_context *ctx, xsrc_qp *qp, const xsrc_peer_copy &
 	cmd.body.compare_add = copy.compare_add;
 	cmd.body.swap = copy.swap;
 	int saved = errno;
-	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
+	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, cmd_bytes);
 	errno = saved;
-	if (n != static_cast<ssize_t>(sizeof(cmd)))
+	if (n != static_cast<ssize_t>(cmd_bytes))
 		return EAGAIN;
 	return static_cast<int>(resp.status);
 }

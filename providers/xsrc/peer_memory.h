@@ -10,6 +10,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "queues.h"
 
@@ -81,6 +82,9 @@ struct xsrc_peer_copy {
 	uint64_t peer_addr = 0;
 	uint64_t compare_add = 0;
 	uint64_t swap = 0;
+	// An lkey copy into a receive popped from a ring: its ring position,
+	// which the device checks against the owner's record (r9).
+	std::optional<uint64_t> recv_pos;
 };
 
 // Returns 0, a status of xsrc_copy_resp (EACCES, ESRCH, EFAULT), or EAGAIN

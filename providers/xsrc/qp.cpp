@@ -256,6 +256,11 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	} else {
 		err = xsrc_qp_prepare_send(ctx, qp, attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);
 	}
+	if (!err && has_rq && !qp->srq &&
+	    (err = qp->rq_shadow.attach(ctx, xsrc_rq_shadow::queue::qp, qp->vqp.qp.handle, qp->rq->num_entries,
+					qp->max_recv_sge)))
+		verbs_err(vctx, "create_qp: QP %u: the device took no record of its receives: %s\n", qp->qpn.value(),
+			  strerror(err));
 	if (err) {
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
 		xsrc_rss_release(qp->rss);
@@ -515,7 +520,7 @@ int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 					 xsrc_make_cqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 			continue;
 		}
-		if (!xsrc_recv_post(qp->rq, wr)) {
+		if (!xsrc_recv_post(qp->rq, qp->rq_shadow, wr)) {
 			verbs_debug(&ctx->ibv_ctx, "post_recv: QP %u: the receive queue is full\n", qp->qpn.value());
 			*bad_wr = wr;
 			return ENOMEM;

@@ -196,6 +196,8 @@ int responder_deliver_by_device(xsrc_context *ctx, xsrc_qp *qp, const Responder 
 		c.kind = xsrc_peer_copy::key_kind::lkey;
 		c.key = sge.lkey;
 		c.peer_addr = sge.addr;
+		if (rwqe.from_ring)
+			c.recv_pos = rwqe.pos;
 		if (int err = xsrc_peer_device_copy(ctx, qp, c, piece.data(), n, take))
 			return err;
 		done += take;

@@ -50,6 +50,17 @@ ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uin
 		errno = EPROTO;
 		return nullptr;
 	}
+	if (!srq->tm) {
+		if (int err = srq->shadow.attach(ctx, xsrc_rq_shadow::queue::srq, srq->vsrq.srq.handle,
+						 srq->ring->num_entries, max_sge)) {
+			verbs_err(&ctx->ibv_ctx, "create_srq: SRQ %u: the device took no record of its receives: %s\n",
+				  srq->srqn.value(), strerror(err));
+			ibv_cmd_destroy_srq(&srq->vsrq.srq);
+			delete srq;
+			errno = err;
+			return nullptr;
+		}
+	}
 	srq->parent_domain = to_xsrc_parent_domain(pd);
 	if (srq->parent_domain && srq->parent_domain->td)
 		srq->post_lock.waive();
@@ -187,7 +198,7 @@ int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) no
 			*bad_wr = wr;
 			return EINVAL;
 		}
-		if (!xsrc_recv_post(srq->ring, wr)) {
+		if (!xsrc_recv_post(srq->ring, srq->shadow, wr)) {
 			verbs_debug(srq_vctx(ibsrq), "post_srq_recv: SRQ %u is full\n", srq->srqn.value());
 			*bad_wr = wr;
 			return ENOMEM;

@@ -285,6 +285,7 @@ int context_finish(ibv_device *ibdev, context_ptr ctx, const xsrc_get_context_re
 	ctx->pid = getpid();
 	ctx->direct = true;  // an r1 device: same PID namespace, as always
 	ctx->can_copy = false;
+	ctx->driver_abi = dresp.driver_abi;
 #if XSRC_DRIVER_ABI_REVISION >= 2
 	if (dresp.driver_abi >= 2 && (dresp.comp_mask & XSRC_GET_CONTEXT_RESP_MASK_CALLER)) {
 		// Arena owner_pid values are pids as the device sees them; in

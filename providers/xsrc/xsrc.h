@@ -32,6 +32,7 @@
 #include "common/fd.h"
 #include "common/ids.h"
 #include "queues.h"
+#include "recv_shadow.h"
 #include "send_queue.h"
 #include "transport.h"
 #include "wire/sender.h"
@@ -126,6 +127,7 @@ struct xsrc_context {
 	uint64_t context_id;         // the device's id of our command file's context (an imported context shares it)
 	bool direct;                 // we may try peers' memory ourselves (same PID namespace)
 	bool can_copy;               // the device moves bytes for us (XSRC_CMD_COPY)
+	uint32_t driver_abi;         // the revision the device serves
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	xsrc_odp_mrs odp_mrs;        // what ibv_advise_mr may name
@@ -262,6 +264,7 @@ struct xsrc_srq {
 	xsrc_td_lock post_lock;      // the receive ring has one producer
 	xsrc_parent_domain *parent_domain; // made through one, else null
 	xsrc_tm_table *tm;           // a tag-matching SRQ's tag table (tm.cpp), else null
+	xsrc_rq_shadow shadow;     // the receives posted, privately (r9)
 	xsrc_cq *tm_cq;              // where its list operations complete
 };
 
@@ -281,6 +284,7 @@ struct xsrc_qp {
 	xsrc_qp_entry *entry;        // in the arena: state, attributes
 	const xsrc_transport *engine = nullptr; // towards the RTR path's GID; null: the context's
 	xsrc_recv_ring *rq;          // null with an SRQ
+	xsrc_rq_shadow rq_shadow;  // the receives posted to rq, privately (r9)
 	xsrc_cq *send_cq;
 	xsrc_cq *recv_cq;
 	xsrc_srq *srq;
@@ -496,12 +500,14 @@ size_t xsrc_mcast_members(const xsrc_context *ctx, const ibv_gid &gid,
 
 // Posts one receive (num_sge already checked) to a ring whose single
 // producer the caller is. False when the ring is full.
-inline bool xsrc_recv_post(xsrc_recv_ring *ring, const ibv_recv_wr *wr)
+// `shadow` records it in our private memory first (recv_shadow.h).
+inline bool xsrc_recv_post(xsrc_recv_ring *ring, xsrc_rq_shadow &shadow, const ibv_recv_wr *wr)
 {
 	xsrc_sge sge[XSRC_MAX_RECV_SGE];
 	for (int i = 0; i < wr->num_sge; ++i)
 		sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-	return xsrc::recv_push(ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge));
+	return xsrc::recv_push(ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge),
+			       [&](uint64_t pos) { shadow.record(pos, *wr); });
 }
 
 // cq.cpp: a completion for a CQ (ring_off 0: computed): pushes it and

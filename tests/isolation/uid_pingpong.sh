@@ -29,4 +29,6 @@ pair root nobody $((port + 2)) ibv_rc_pingpong -s 64 -n 500
 pair nobody root $((port + 3)) ibv_ud_pingpong -s 1024 -n 200
 pair root nobody $((port + 4)) ibv_ud_pingpong -s 1024 -n 200
 pair nobody root $((port + 5)) ibv_srq_pingpong -s 4096 -n 100
+# 64 KiB into SRQ receives: device copies checked against the SRQ's record of its receives.
+pair root nobody $((port + 6)) ibv_srq_pingpong -s 65536 -n 50
 exit $rc

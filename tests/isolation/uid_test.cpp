@@ -84,6 +84,8 @@ constexpr size_t kCounterOff = 256 * 1024;     // the atomics' target
 constexpr size_t kUdOff = 260 * 1024;          // UD receive (GRH + payload)
 constexpr size_t kWinOff = 384 * 1024;         // a type 2 window's 64 bytes, then 64 outside it
 constexpr size_t kWinLen = 64;
+constexpr size_t kForgeOff = 448 * 1024;       // LOCAL_WRITE, never posted: a forged receive's target
+constexpr size_t kForgeLen = 8192;             // past a CQ ring's big slot: the device copies it
 constexpr size_t kLocalOff = 512 * 1024;       // our own sources and destinations
 constexpr size_t kBufLen = 1024 * 1024;
 constexpr size_t kSecretLen = 4096;
@@ -544,6 +546,61 @@ void responder(Side &s, const Info &me, const Info &peer, unsigned phase)
 	}
 }
 
+// A receive WQE forged in the arena: the process of the second user pushes
+// one into root's receive ring, pointing into root's LOCAL_WRITE MR where
+// root posted nothing, and SENDs into it. The device checks the copy against
+// the receive root posted (its private record), so the SEND fails and root's
+// memory is untouched.
+void forged_receive(Side &s, const Info &me, const Info &peer)
+{
+	ibv_qp *qp = make_qp(s, IBV_QPT_RC);
+	to_init(qp);
+	uint32_t qpn = qp->qp_num, peer_qpn = 0;
+	link_send(qpn);
+	link_recv(&peer_qpn);
+	rc_connect(qp, peer_qpn, peer.gid);
+	bool forger = me.uid != 0;
+	if (!forger)
+		memset(s.buf + kForgeOff, 0x33, kForgeLen);
+	sync_point(30);  // root's QP is ready, its receive queue empty
+	if (forger) {
+		int fd = -1;
+		auto *base = static_cast<unsigned char *>(map_arena(fd));
+		check(base != MAP_FAILED, "the second user maps the arena writable");
+		if (base != MAP_FAILED) {
+			auto *hdr = reinterpret_cast<xsrc_arena_header *>(base);
+			auto *entry = reinterpret_cast<xsrc_qp_entry *>(base + hdr->qp_table_off) +
+				      (peer_qpn - XSRC_QPN_BASE);
+			auto *ring = reinterpret_cast<xsrc_recv_ring *>(base + entry->rq_off);
+			uint64_t pos = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
+			auto *slot = reinterpret_cast<xsrc_recv_wqe *>(reinterpret_cast<unsigned char *>(ring + 1) +
+								       (pos & (ring->num_entries - 1)) * ring->stride);
+			slot->wr_id = 0xf0f0;
+			slot->num_sge = 1;
+			*reinterpret_cast<xsrc_sge *>(slot + 1) = {peer.buf + kForgeOff, uint32_t(kForgeLen), peer.rkey};
+			__atomic_store_n(&slot->seq, pos + 1, __ATOMIC_RELEASE);
+			__atomic_store_n(&ring->tail, pos + 1, __ATOMIC_RELEASE);
+			munmap(base, XSRC_ARENA_SIZE);
+			close(fd);
+		}
+		unsigned char *local = s.buf + kLocalOff;
+		memset(local, 0xee, kForgeLen);
+		ibv_wc_status st = run_op(s, qp, IBV_WR_SEND, {ptr(local), uint32_t(kForgeLen), s.mr->lkey});
+		check(st != IBV_WC_SUCCESS, "SEND into a receive forged in the arena fails (%s)", ibv_wc_status_str(st));
+	}
+	sync_point(31);
+	if (!forger) {
+		bool untouched = true;
+		for (size_t i = 0; i < kForgeLen; ++i)
+			untouched &= s.buf[kForgeOff + i] == 0x33;
+		check(untouched, "nothing was written where root posted no receive");
+	}
+	ibv_wc wc;
+	while (ibv_poll_cq(s.cq, 1, &wc) > 0) {
+	}
+	ibv_destroy_qp(qp);
+}
+
 int traffic(const char *host, const char *port)
 {
 	bool server = host == nullptr;
@@ -567,6 +624,9 @@ int traffic(const char *host, const char *port)
 		responder(s, me, peer, 200);
 	}
 	sync_point(3);
+#if XSRC_DRIVER_ABI_REVISION >= 9
+	forged_receive(s, me, peer);
+#endif
 	return failures ? 1 : 0;
 }
 

@@ -97,6 +97,23 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_copy_resp, status, 0, 4),
 	XSRC_PIN_FIELD(xsrc_copy_resp, reserved, 4, 4),
 	XSRC_PIN_FIELD(xsrc_copy_resp, bytes, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_copy_recv, 16, 8),  // r9
+	XSRC_PIN_FIELD(xsrc_copy_recv, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_copy_recv, reserved, 4, 4),
+	XSRC_PIN_FIELD(xsrc_copy_recv, recv_pos, 8, 8),
+	XSRC_PIN_STRUCT(xsrc_recv_shadow, 32, 8),  // r9
+	XSRC_PIN_FIELD(xsrc_recv_shadow, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, kind, 4, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, handle, 8, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, num_entries, 12, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, stride, 16, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, reserved, 20, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow, addr, 24, 8),
+	XSRC_PIN_STRUCT(xsrc_recv_shadow_entry, 24, 8),  // r9
+	XSRC_PIN_FIELD(xsrc_recv_shadow_entry, posted, 0, 8),
+	XSRC_PIN_FIELD(xsrc_recv_shadow_entry, wr_id, 8, 8),
+	XSRC_PIN_FIELD(xsrc_recv_shadow_entry, num_sge, 16, 4),
+	XSRC_PIN_FIELD(xsrc_recv_shadow_entry, reserved, 20, 4),
 	XSRC_PIN_STRUCT(xsrc_bind_mw, 40, 8),  // r4
 	XSRC_PIN_FIELD(xsrc_bind_mw, comp_mask, 0, 4),
 	XSRC_PIN_FIELD(xsrc_bind_mw, qp_handle, 4, 4),

@@ -196,5 +196,130 @@ TEST_F(CopyTest, ARevisionOneDeviceHasNoCopy)
 	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
 }
 
+// r9: a copy into a receive is checked against the receive the owner posted,
+// by the shadow it keeps in its own memory, not against the arena's ring.
+class RecvShadowTest : public CopyTest {
+protected:
+	static constexpr uint32_t kEntries = 4;
+	struct Entry {
+		xsrc_recv_shadow_entry head;
+		xsrc_sge sge[2];
+	};
+
+	int register_shadow(uint32_t kind, uint32_t handle, uint32_t entries = kEntries,
+			    uint32_t stride = sizeof(Entry))
+	{
+		xsrc_recv_shadow cmd{};
+		cmd.kind = kind;
+		cmd.handle = handle;
+		cmd.num_entries = entries;
+		cmd.stride = stride;
+		cmd.addr = reinterpret_cast<uintptr_t>(shadow);
+		return run_on(peer, XSRC_CMD_RECV_SHADOW, cmd);
+	}
+
+	// The owner posts a receive of one SGE at ring position `pos`.
+	void post(uint64_t pos, uint32_t lkey, size_t offset, uint32_t length)
+	{
+		Entry &e = shadow[pos % kEntries];
+		e.head.num_sge = 1;
+		e.sge[0] = {reinterpret_cast<uintptr_t>(target) + offset, length, lkey};
+		e.head.posted = pos + 1;
+	}
+
+	// An LKEY write of `len` bytes at target + offset; with `pos` it names
+	// the receive's ring position as a new provider does.
+	int fill(size_t offset, size_t len, std::optional<uint64_t> pos, xsrc_copy_resp &resp, uint32_t key = 0)
+	{
+		xsrc_copy c = rkey_op(XSRC_COPY_WRITE, key ? key : peer_ro, offset);
+		c.key_kind = XSRC_COPY_LKEY;
+		iov = {payload, len};
+		resp = {~0u, ~0u, ~0ull};
+		c.response = reinterpret_cast<uintptr_t>(&resp);
+		c.local_iov = reinterpret_cast<uintptr_t>(&iov);
+		c.num_local = 1;
+		c.length = len;
+		xsrc_copy_recv recv{};
+		if (pos) {
+			recv.comp_mask = XSRC_COPY_RECV_MASK_POS;
+			recv.recv_pos = *pos;
+		}
+		return run(XSRC_CMD_COPY, c, pos ? std::as_bytes(std::span(&recv, 1)) : std::span<const std::byte>{},
+			   sizeof(resp));
+	}
+
+	Entry shadow[kEntries]{};
+	unsigned char payload[256];
+};
+
+TEST_F(RecvShadowTest, WithoutAShadowTheMrsDecideAsBefore)
+{
+	std::memset(payload, 0x5a, sizeof(payload));
+	xsrc_copy_resp resp;
+	ASSERT_EQ(fill(100, 64, std::nullopt, resp), 0);
+	EXPECT_EQ(resp.status, 0u);
+	EXPECT_EQ(target[100], 0x5a);
+}
+
+TEST_F(RecvShadowTest, ACopyOnlyFillsTheReceivePosted)
+{
+	std::memset(payload, 0x5a, sizeof(payload));
+	ASSERT_EQ(register_shadow(XSRC_RECV_SHADOW_QP, peer_qp), 0);
+	xsrc_copy_resp resp;
+	// Nothing posted yet: a WQE forged in the arena names any position.
+	ASSERT_EQ(fill(0, 64, 0, resp), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+	post(5, peer_ro, 0, 128);
+	// No position named (an older sender): refused once a shadow exists.
+	ASSERT_EQ(fill(0, 64, std::nullopt, resp), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+	// Outside the SGE, another lkey, another lap of the same slot.
+	ASSERT_EQ(fill(100, 64, 5, resp), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+	ASSERT_EQ(fill(0, 64, 5, resp, peer_mr), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+	ASSERT_EQ(fill(0, 64, 5 + kEntries, resp), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+	EXPECT_TRUE(target_is_zero());
+	// Inside the receive posted at that position: moved.
+	ASSERT_EQ(fill(64, 64, 5, resp), 0);
+	EXPECT_EQ(resp.status, 0u);
+	EXPECT_EQ(resp.bytes, 64u);
+	EXPECT_EQ(target[64], 0x5a);
+	EXPECT_EQ(target[127], 0x5a);
+	EXPECT_EQ(target[128], 0);
+	// Reposted into the slot a lap later: the old position is no longer valid.
+	post(5 + kEntries, peer_ro, 1024, 64);
+	ASSERT_EQ(fill(64, 64, 5, resp), 0);
+	EXPECT_EQ(resp.status, uint32_t(EACCES));
+}
+
+TEST_F(RecvShadowTest, MalformedShadowsAndPositionsAreRefused)
+{
+	EXPECT_EQ(register_shadow(XSRC_RECV_SHADOW_QP, peer_qp, 3), EINVAL);
+	EXPECT_EQ(register_shadow(XSRC_RECV_SHADOW_QP, peer_qp, kEntries, 12), EINVAL);
+	EXPECT_EQ(register_shadow(XSRC_RECV_SHADOW_QP, peer_qp + 100), EINVAL);
+	EXPECT_EQ(register_shadow(XSRC_RECV_SHADOW_SRQ, peer_qp), EINVAL);
+	EXPECT_EQ(register_shadow(7, peer_qp), EINVAL);
+	// A position for a copy that fills no receive.
+	xsrc_copy c = rkey_op(XSRC_COPY_WRITE, peer_mr);
+	xsrc_copy_recv recv{XSRC_COPY_RECV_MASK_POS, 0, 1};
+	xsrc_copy_resp resp{};
+	c.response = reinterpret_cast<uintptr_t>(&resp);
+	EXPECT_EQ(run(XSRC_CMD_COPY, c, std::as_bytes(std::span(&recv, 1)), sizeof(resp)), EINVAL);
+	recv.comp_mask = 2;
+	EXPECT_EQ(run(XSRC_CMD_COPY, c, std::as_bytes(std::span(&recv, 1)), sizeof(resp)), EOPNOTSUPP);
+}
+
+TEST_F(RecvShadowTest, ARevisionEightDeviceKnowsNoShadow)
+{
+	dev.abi_revision = 8;
+	EXPECT_EQ(register_shadow(XSRC_RECV_SHADOW_QP, peer_qp), EOPNOTSUPP);
+	xsrc_copy_resp resp;
+	EXPECT_EQ(fill(0, 8, 0, resp), EOPNOTSUPP);
+	EXPECT_TRUE(target_is_zero());
+	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
+}
+
 }  // namespace
 }  // namespace xsrc::test
