@@ -41,8 +41,9 @@ enum Attr : uint16_t {
 	kSidrRep = 0x18,
 };
 // Where each message's private data starts, and how much there is (IBTA 12.6).
-constexpr size_t kReqPrivateAt = 140, kRepPrivateAt = 36, kRejPrivateAt = 84, kDreqPrivateAt = 12,
-		 kSidrReqPrivateAt = 16, kSidrRepPrivateAt = 96;
+// A DREQ's or DREP's private data is neither sent nor read.
+constexpr size_t kReqPrivateAt = 140, kRepPrivateAt = 36, kRejPrivateAt = 84, kSidrReqPrivateAt = 16,
+		 kSidrRepPrivateAt = 96;
 // A MAD unanswered this long is sent again, at most kMadSends times in all:
 // a silent peer fails a connect in about 5 s. The REQ says the same to the
 // peer: a CM response timeout of 4.096 us * 2^18 (about 1 s), 4 retries.
