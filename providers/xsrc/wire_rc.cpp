@@ -112,6 +112,10 @@ struct xsrc_wire_qp {
 	uint64_t rnr_until_ns = 0;  // an RNR NAK holds the sending until then
 	int retries_left = -1;      // -1: not counting yet
 	int rnr_retries_left = -1;
+	// A response came past a lost one and the request was sent again from
+	// una_psn at once; not again for that gap (the timer's, if lost too).
+	bool asked_again = false;
+	uint32_t asked_again_psn = 0;
 
 	xsrc_wire_msg &msg(size_t i) { return msgs[(head + i) % msgs.size()]; }
 };
@@ -528,6 +532,25 @@ void place(const xsrc_wire_msg &m, uint64_t offset, std::span<const uint8_t> dat
 	}
 }
 
+// A response at `psn`, past una_psn, which is missing: lost on the way (or
+// overtaken). The READ is asked again from the first missing response at
+// once, as rxe does, instead of after the ACK timeout: a long READ on a link
+// that loses a packet in a hundred would otherwise wait out the timer for
+// each loss. Once per gap: the responses already in flight behind the lost
+// one land here too. A duplicate (before una_psn) changes nothing.
+void ask_again_past_gap(xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn, uint64_t now)
+{
+	uint32_t ahead = psn_diff(psn, wq.una_psn);
+	if (ahead >= psn_diff(wq.sent_high, wq.una_psn))
+		return;
+	if (wq.asked_again && wq.asked_again_psn == wq.una_psn)
+		return;
+	wq.asked_again = true;
+	wq.asked_again_psn = wq.una_psn;
+	rewind(wq);
+	pump(qp, wq, now);
+}
+
 // A READ response or ATOMIC ACK (under sq_lock): the data lands in the
 // head message's buffers, in PSN order; anything else is dropped.
 void on_data_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth &bth,
@@ -537,8 +560,12 @@ void on_data_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w:
 		return;
 	// Responses imply the ACK of every earlier request.
 	ack_through(ctx, qp, wq, psn_add(bth.psn, w::kPsnMask));
-	if (!wq.size || bth.psn != wq.una_psn)
-		return;  // a duplicate or out of order: the timer asks again
+	if (!wq.size)
+		return;
+	if (bth.psn != wq.una_psn) {
+		ask_again_past_gap(qp, wq, bth.psn, now);
+		return;
+	}
 	xsrc_wire_msg &m = wq.msg(0);
 	uint32_t k = psn_diff(bth.psn, m.first_psn);
 	uint8_t o = bth.opcode & 0x1F;

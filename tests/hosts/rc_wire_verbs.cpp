@@ -13,8 +13,9 @@
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
 // late receive ends. The two sides talk over TCP; each scenario gets a fresh
 // QP pair.
-//   rc_wire_verbs server PORT GID_INDEX [data]
-//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data]
+//   rc_wire_verbs server PORT GID_INDEX [data|readgap]
+//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data|readgap]
+// "data": the transfers only; "readgap": client_read_gap only.
 // Exit status 0 when every check passed; each failure is printed.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -398,6 +399,40 @@ void client_reads_and_atomics(Side &s, int fd)
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
+// RDMA READs of 1 MiB with a local ACK timeout of 4.3 s (timeout 20), on a
+// link that loses some READ Response MIDDLE packets (rc_wire_read_gap.sh).
+// Each must complete, data intact, before its first ACK timeout could have
+// run out: the requester asks again from a lost response as soon as a
+// later one shows the gap, as rxe does, not when the timer expires. (A
+// READ takes some 10-50 ms here; the bound is the timer, not a speed.)
+void client_read_gap(Side &s, int fd)
+{
+	constexpr uint8_t kTimeout = 20;
+	constexpr auto kAckTimeout = std::chrono::microseconds((uint64_t(4096) << kTimeout) / 1000);
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kTimeout});
+	peer = recv_msg<Endpoint>(fd);
+	constexpr uint32_t kSize = 1u << 20;
+	for (uint32_t seed = 200; seed < 204; ++seed) {
+		send_msg(fd, Order{kFill, kSize, seed});
+		(void)recv_msg<uint32_t>(fd);
+		std::memset(s.buf.data(), 0, kSize);
+		auto start = std::chrono::steady_clock::now();
+		check(post_send(s, IBV_WR_RDMA_READ, kSize, peer.addr, peer.rkey, 0, 16) == 0, "post RDMA READ");
+		ibv_wc wc = one(s, 60s);
+		auto took = std::chrono::steady_clock::now() - start;
+		auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+		int before = failures;
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.byte_len == kSize,
+		      "RDMA READ past lost responses: " + status_text(wc));
+		check(matches(s.buf.data(), kSize, seed), "RDMA READ past lost responses: wrong data");
+		check(took < kAckTimeout, "RDMA READ past lost responses took " + std::to_string(ms) +
+						  " ms: it waited for the ACK timer");
+		if (failures == before)
+			std::printf("ok: RDMA READ of 1 MiB past lost responses in %lld ms\n", (long long)ms);
+	}
+	send_msg(fd, Order{kDone, 0, 0});
+}
+
 // A WRITE the responder must refuse: `rkey_delta` off the key or `past` bytes past the MR.
 void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, const char *what)
 {
@@ -735,13 +770,15 @@ int main(int argc, char **argv)
 	// "data": only the transfers (on a lossy link a lost NAK turns an
 	// error's completion into a retry timeout, so the error cases need a
 	// clean one).
+	// "readgap": only client_read_gap.
 	bool data_only = std::strcmp(argv[argc - 1], "data") == 0;
-	if (data_only)
+	bool read_gap = std::strcmp(argv[argc - 1], "readgap") == 0;
+	if (data_only || read_gap)
 		--argc;
 	bool server = argc == 4 && std::strcmp(argv[1], "server") == 0;
 	bool client = argc == 5 && std::strcmp(argv[1], "client") == 0;
 	if (!server && !client) {
-		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data] | client ADDRESS PORT GID_INDEX [data]\n");
+		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data|readgap] | client ADDRESS PORT GID_INDEX [data|readgap]\n");
 		return 2;
 	}
 	int fd = server ? listen_once(argv[2]) : connect_to(argv[2], argv[3]);
@@ -751,7 +788,12 @@ int main(int argc, char **argv)
 	}
 	Side s;
 	open_side(s, static_cast<uint8_t>(std::atoi(argv[server ? 3 : 4])));
-	if (client) {
+	if (read_gap) {
+		if (client)
+			client_read_gap(s, fd);
+		else
+			server_writes(s, fd);
+	} else if (client) {
 		client_writes(s, fd);
 		client_reads_and_atomics(s, fd);
 		client_xrc(s, fd);

@@ -1,0 +1,43 @@
+#!/bin/bash
+# RDMA READ past lost responses: host 1's link drops four READ Response
+# MIDDLE packets (opcode 0x0E) over four READs of 1 MiB; the requester's
+# local ACK timeout is 4.3 s (timeout 20). Each READ must complete with its
+# data intact before that timer could have run out: the requester asks again
+# from the first missing response as soon as a later response shows the gap
+# (as rxe does), not when the timer runs out. The drops are counted so the
+# test knows the link really lost them.
+#   rc_wire_read_gap.sh PORT RC_WIRE_VERBS
+set -u
+port=$1
+verbs=$2
+export XSRC_HOSTS_PREFIX=xsrcrg
+. "$(dirname "$0")/lib.sh"
+
+"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }
+ns=$XSRC_HOSTS_PREFIX-1
+# The BTH's opcode is the first byte after the UDP header (bit 64 of @th).
+# numgen counts the MIDDLE responses host 1 sends; four of them, far enough
+# apart that a response asked for again is never the one dropped again.
+ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
+table netdev readgap {
+  chain out {
+    type filter hook egress device "$ns" priority 0;
+    udp dport 4791 @th,64,8 0x0e numgen inc mod 1000000 { 300, 1500, 2700, 3900 } counter drop
+  }
+}
+NFT
+timeout 200 "$hosts" run 1 "$verbs" server "$port" 1 readgap >"$dir/server" 2>&1 &
+server=$!
+timeout 200 "$hosts" run 2 "$verbs" client 10.77.0.1 "$port" 1 readgap >"$dir/client" 2>&1
+rc=$?
+wait "$server"; src=$?; server=
+echo "== client"; cat "$dir/client"
+echo "== server"; cat "$dir/server"
+[ $rc -eq 0 ] || bad "client exit $rc"
+[ $src -eq 0 ] || bad "server exit $src"
+dropped=$(ip netns exec "$ns" nft list chain netdev readgap out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p')
+echo "host 1 dropped $dropped READ responses"
+[ "${dropped:-0}" -ge 3 ] || bad "the link dropped ${dropped:-0} READ responses, not the 3 or 4 planned"
+"$hosts" run 2 "$XSRC" status
+finish rc_wire_read_gap
