@@ -117,6 +117,11 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 		err = errno;
 		return nullptr;
 	}
+	// Our own sends are none of ours (the loop below would drop them): the
+	// kernel need not clone each one it transmits for us (Linux 4.20;
+	// without it the loop still drops them).
+	int one = 1;
+	(void)setsockopt(impl.packets.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one));
 	// A window of RC packets from each peer arrives at once: room for them
 	// (FORCE: past rmem_max, for a daemon with CAP_NET_ADMIN; else the
 	// plain request, which the kernel caps).
