@@ -223,6 +223,24 @@ void State::queue(uint64_t channel, Event ev)
 		front_end->readable(channel);
 }
 
+void State::queue_sidr_established(Id &id, const ConnParams &rep)
+{
+	Event ev;
+	ev.id = id.handle;
+	ev.resp.uid = id.uid;
+	ev.resp.id = id.handle;
+	ev.resp.event = kEvEstablished;
+	auto &ud = ev.resp.param.ud;
+	ud.qp_num = rep.qp_num;
+	ud.qkey = rep.qkey;
+	ud.ah_attr = ah_attr_of(id.route);
+	size_t n = std::min(rep.private_data.size(), sizeof(ud.private_data));
+	std::copy_n(rep.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
+	ud.private_data_len = kSidrRepPrivate;
+	ev.resp.ece = rep.ece;
+	queue(id.channel, ev);
+}
+
 void State::queue_id_event(Id &id, uint32_t event, int32_t status, const ConnParams *conn, uint8_t plen)
 {
 	// A request the application has not accepted yet has no context of its
@@ -743,20 +761,7 @@ int State::accept(Id &id, std::optional<ConnParams> params, uint64_t uid)
 		}
 		if (peer && peer->cm == CmState::SidrReqSent) {
 			detach_peer(*peer, CmState::None);
-			Event ev;
-			ev.id = peer->handle;
-			ev.resp.uid = peer->uid;
-			ev.resp.id = peer->handle;
-			ev.resp.event = kEvEstablished;
-			auto &ud = ev.resp.param.ud;
-			ud.qp_num = rep.qp_num;
-			ud.qkey = rep.qkey;
-			ud.ah_attr = ah_attr_of(peer->route);
-			size_t n = std::min(rep.private_data.size(), sizeof(ud.private_data));
-			std::copy_n(rep.private_data.begin(), n, ud.private_data);  // memcpy of an empty vector's data() is UB
-			ud.private_data_len = kSidrRepPrivate;
-			ev.resp.ece = rep.ece;
-			queue(peer->channel, ev);
+			queue_sidr_established(*peer, rep);
 		}
 		return 0;
 	}

@@ -217,6 +217,9 @@ public:
 	// Events: queue one (it goes straight to a waiting GET_EVENT if there is
 	// one); take the oldest into a caller's buffer.
 	void queue(uint64_t channel, Event ev);
+	// ESTABLISHED for the SIDR REQ id sent: the answer's QPN, Q_Key and
+	// private data (kSidrRepPrivate bytes), the AH of its route.
+	void queue_sidr_established(Id &id, const ConnParams &rep);
 	void queue_id_event(Id &id, uint32_t event, int32_t status, const ConnParams *conn = nullptr,
 			    uint8_t private_len = 0);
 	int take(Channel &ch, Caller &caller, uint64_t response, size_t out_len);

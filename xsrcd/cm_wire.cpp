@@ -697,19 +697,7 @@ void on_sidr_rep(State &s, const Received &r)
 		s.queue_id_event(*id, kEvUnreachable, status, &rep, kSidrRepPrivate);
 		return;
 	}
-	Event ev;
-	ev.id = id->handle;
-	ev.resp.uid = id->uid;
-	ev.resp.id = id->handle;
-	ev.resp.event = kEvEstablished;
-	auto &ud = ev.resp.param.ud;
-	ud.qp_num = rep.qp_num;
-	ud.qkey = rep.qkey;
-	ud.ah_attr = ah_attr_of(id->route);
-	std::copy_n(rep.private_data.begin(), std::min(rep.private_data.size(), sizeof(ud.private_data)),
-		    ud.private_data);
-	ud.private_data_len = kSidrRepPrivate;
-	s.queue(id->channel, ev);
+	s.queue_sidr_established(*id, rep);
 }
 
 void on_rep(State &s, int ifindex, const Received &r)

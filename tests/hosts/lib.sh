@@ -11,6 +11,10 @@
 #                    buffer, 16384 by default)
 #   check_capture F  every packet of F decodes as InfiniBand in tshark with
 #                    none malformed and its ICRC checks; sets `packets`
+#   verbs_pair SECS PROGRAM GID [MODE]
+#                    rc_wire_verbs-style PROGRAM: its server on host 1, its
+#                    client on host 2; output in $dir/server and
+#                    $dir/client, exit statuses in src and rc
 #   finish NAME      stops everything, checks nothing is left, exits
 # shellcheck shell=bash
 
@@ -40,6 +44,15 @@ wait_listen() {
     "$hosts" run "${1:-1}" ss -ltn 2>/dev/null | grep -q ":$port " && return 0
     sleep 0.1
   done
+}
+
+verbs_pair() {
+  local secs=$1 prog=$2 gid=$3 mode=${4:-}
+  timeout "$secs" "$hosts" run 1 "$prog" server "$port" "$gid" ${mode:+"$mode"} >"$dir/server" 2>&1 &
+  server=$!
+  timeout "$secs" "$hosts" run 2 "$prog" client 10.77.0.1 "$port" "$gid" ${mode:+"$mode"} >"$dir/client" 2>&1
+  rc=$?
+  wait "$server"; src=$?; server=
 }
 
 start_capture() {

@@ -114,11 +114,7 @@ done
 # WRITE, READ, SEND with data checked, and atomics whose duplicates must be
 # answered from the responder's memory of them, never executed twice: the
 # counter comes out exact.
-timeout 400 "$hosts" run 1 "$verbs" server "$port" 1 data >"$dir/server" 2>&1 &
-server=$!
-timeout 400 "$hosts" run 2 "$verbs" client 10.77.0.1 "$port" 1 data >"$dir/client" 2>&1
-rc=$?
-wait "$server"; src=$?; server=
+verbs_pair 400 "$verbs" 1 data
 if [ $rc -ne 0 ] || [ $src -ne 0 ]; then
   bad "rc_wire_verbs: client rc $rc, server rc $src"
   echo "== client"; cat "$dir/client"; echo "== server"; cat "$dir/server"

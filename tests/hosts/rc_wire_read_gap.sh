@@ -27,11 +27,7 @@ table netdev readgap {
   }
 }
 NFT
-timeout 200 "$hosts" run 1 "$verbs" server "$port" 1 readgap >"$dir/server" 2>&1 &
-server=$!
-timeout 200 "$hosts" run 2 "$verbs" client 10.77.0.1 "$port" 1 readgap >"$dir/client" 2>&1
-rc=$?
-wait "$server"; src=$?; server=
+verbs_pair 200 "$verbs" 1 readgap
 echo "== client"; cat "$dir/client"
 echo "== server"; cat "$dir/server"
 [ $rc -eq 0 ] || bad "client exit $rc"

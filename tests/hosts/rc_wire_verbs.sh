@@ -23,11 +23,7 @@ for gid in 1 2; do
   if [ "$gid" = 1 ]; then
     start_capture "$dir/wire.pcap" 65536
   fi
-  timeout 200 "$hosts" run 1 "$prog" server "$port" "$gid" >"$dir/server" 2>&1 &
-  server=$!
-  timeout 200 "$hosts" run 2 "$prog" client 10.77.0.1 "$port" "$gid" >"$dir/client" 2>&1
-  rc=$?
-  wait "$server"; src=$?; server=
+  verbs_pair 200 "$prog" "$gid"
   echo "== -g $gid client"; cat "$dir/client"
   echo "== -g $gid server"; cat "$dir/server"
   [ $rc -eq 0 ] || bad "-g $gid: client exit $rc"
