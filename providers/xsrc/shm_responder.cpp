@@ -127,13 +127,36 @@ void responder_flush_receives(xsrc_context *ctx, Responder &r)
 		responder_complete(ctx, r, xsrc_make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qpn()));
 }
 
-// The responder found a receive it cannot use: its QP goes to error, the
-// receive completes in error, and the rest of its RQ is flushed.
-void responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe, ibv_wc_status status)
+// A responder that NAKs moves its QP to error: true. False when the QP no
+// longer receives by then — destroyed (its slot is free, perhaps reused), or
+// in error already (its owner died, or moved it there): such a QP answers
+// nothing, and its state is not ours to write. The requester retries, then
+// completes with IBV_WC_RETRY_EXC_ERR, as on an HCA.
+bool responder_enter_error(Responder &r)
 {
-	xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+	auto state = atomic(r.qp->state);
+	uint32_t seen = state.load(std::memory_order_acquire);
+	while (can_receive(xsrc_qp_state_decode(seen)))
+		if (state.compare_exchange_weak(seen, xsrc_qp_state_encode(IBV_QPS_ERR), std::memory_order_acq_rel))
+			return true;
+	return false;
+}
+
+// The responder found a receive it cannot use: its QP goes to error, the
+// receive completes in error, and the rest of its RQ is flushed. False when
+// the QP no longer receives (responder_enter_error): the receive we took is
+// flushed if the QP is in error (nothing else would complete it), and the
+// requester hears nothing.
+bool responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe, ibv_wc_status status)
+{
+	if (!responder_enter_error(r)) {
+		if (xsrc::qp_state_load(*r.qp) == IBV_QPS_ERR)
+			responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qpn()));
+		return false;
+	}
 	responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, status, IBV_WC_RECV, r.qpn()));
 	responder_flush_receives(ctx, r);
+	return true;
 }
 
 // An RC/XRC remote access violation (IBTA class C): the responder NAKs, its
@@ -142,7 +165,8 @@ void responder_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &rwqe,
 Result responder_access_error(xsrc_context *ctx, Responder &r)
 {
 	if (r.qp->qp_type == IBV_QPT_RC || r.qp->qp_type == IBV_QPT_XRC_RECV) {
-		xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+		if (!responder_enter_error(r))
+			return Result::unreachable();
 		responder_flush_receives(ctx, r);
 	}
 	return Result::failed(IBV_WC_REM_ACCESS_ERR);
@@ -300,7 +324,8 @@ Result responder_deliver_to(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	// SEND_WITH_INV: the responder invalidates the rkey (the device checks
 	// the window is bound to this QP); refused, it is an invalid request.
 	if (wqe.opcode == IBV_WR_SEND_WITH_INV && !xsrc_mw_remote_invalidate(ctx, qp, r.qpn(), wqe.invalidate_rkey)) {
-		responder_error(ctx, r, rwqe, IBV_WC_REM_INV_REQ_ERR);
+		if (!responder_error(ctx, r, rwqe, IBV_WC_REM_INV_REQ_ERR))
+			return Result::unreachable();
 		return Result::failed(IBV_WC_REM_INV_REQ_ERR);
 	}
 
@@ -331,7 +356,8 @@ Result responder_deliver_to(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 				responder_complete(ctx, r, xsrc_make_cqe(rwqe.wr_id, st, IBV_WC_RECV, r.qpn()));
 				return Result::dropped();
 			}
-			responder_error(ctx, r, rwqe, st);
+			if (!responder_error(ctx, r, rwqe, st))
+				return Result::unreachable();
 			return Result::failed(st == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
 		}
 		std::array<iovec, XSRC_MAX_RECV_SGE + 1> src;
@@ -354,7 +380,8 @@ Result responder_deliver_to(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 				return Result::dropped();
 			if (err == ESRCH || err == EAGAIN)
 				return Result::unreachable();
-			responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR);
+			if (!responder_error(ctx, r, rwqe, IBV_WC_LOC_PROT_ERR))
+				return Result::unreachable();
 			return Result::failed(IBV_WC_REM_OP_ERR);
 		}
 	}
@@ -392,8 +419,11 @@ uint64_t recv_capacity(const xsrc::RecvWqe &rwqe)
 // error as for any receive that failed (the SRQ and its tags stay).
 Result responder_tm_error(xsrc_context *ctx, Responder &r, const xsrc::RecvWqe &tagged, ibv_wc_status st)
 {
-	xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+	bool answered = responder_enter_error(r);
+	// The tag is spent either way: its buffer cannot take the message.
 	responder_complete(ctx, r, xsrc_make_cqe(tagged.wr_id, st, IBV_WC_TM_RECV, r.qpn()));
+	if (!answered)
+		return Result::unreachable();
 	bool invalid_request = st == IBV_WC_LOC_LEN_ERR || st == IBV_WC_REM_INV_REQ_ERR;
 	return Result::failed(invalid_request ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
 }
@@ -534,7 +564,7 @@ Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	if (st != IBV_WC_SUCCESS) {
 		// The responder's read failed: its QP goes to error. Our SEND was
 		// delivered (and acknowledged) before the read began.
-		xsrc::qp_state_store(*r.qp, IBV_QPS_ERR);
+		responder_enter_error(r);
 		responder_complete(ctx, r, data);
 		return Result::done(local.total);
 	}
