@@ -159,11 +159,6 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 	return false;
 }
 
-// Takes the oldest completion (the owner is the only consumer). A payload
-// that travels with it is placed only where may_write(va, len) says this
-// process registered memory for it: the ring is in the arena, which any
-// process can write, so deferred_va is never trusted by itself. A payload
-// that may not be placed turns the completion into IBV_WC_LOC_PROT_ERR.
 // After cq_push() failed for want of room: true the first time, when the
 // overrun is the owner's to hear about (IBV_EVENT_CQ_ERR).
 inline bool cq_first_overrun(xsrc_cq_ring *ring)
@@ -187,37 +182,94 @@ inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
 	return wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel);
 }
 
+// The ring as its consumer sees it, read once into the consumer's own
+// memory: the header shares a cache line with `tail`, which every producer
+// writes, so reading the shape from there on every poll would stall on it.
+// The shape is the daemon's (it never changes while the ring lives).
+struct CqShape {
+	xsrc_cqe *slots = nullptr;
+	unsigned char *payload = nullptr;  // the payload slots
+	uint32_t mask = 0;                 // num_entries - 1
+	uint32_t num_entries = 0;
+	uint32_t payload_stride = 0;
+	uint32_t big_slots = 0;
+	uint32_t big_stride = 0;
+	uint64_t *big_busy = nullptr;
+	unsigned char *big = nullptr;      // big slot 0
+
+	static CqShape of(xsrc_cq_ring *ring)
+	{
+		CqShape s;
+		s.slots = cq_slot(ring, 0);
+		s.payload = cq_payload(ring, 0);
+		s.num_entries = ring->num_entries;
+		s.mask = s.num_entries - 1;
+		s.payload_stride = ring->payload_stride;
+		s.big_slots = ring->big_slots;
+		s.big_stride = ring->big_stride;
+		if (s.big_slots) {
+			s.big_busy = cq_big_busy(ring);
+			s.big = cq_big_payload(ring, 0);
+		}
+		return s;
+	}
+};
+
+// Takes the completion at `pos`, the consumer's own position (it is the
+// only consumer), without publishing a new head: the caller does that once
+// per poll (cq_publish_head), as an HCA's provider writes its consumer index
+// once per poll. A payload that travels with it is placed only where
+// may_write(va, len) says this process registered memory for it: the ring
+// is in the arena, which any process can write, so deferred_va is never
+// trusted by itself. A payload that may not be placed turns the completion
+// into IBV_WC_LOC_PROT_ERR.
 template <typename MayWrite>
-inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
+inline bool cq_take(const CqShape &ring, uint64_t pos, xsrc_cqe &out, MayWrite &&may_write)
 {
-	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
-	xsrc_cqe *slot = cq_slot(ring, pos);
+	xsrc_cqe *slot = &ring.slots[pos & ring.mask];
 	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
 		return false;
 	out = *slot;
 	if (out.flags & XSRC_CQE_DEFERRED) {
-		if (out.byte_len <= ring->payload_stride && may_write(out.deferred_va, out.byte_len)) {
-			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_payload(ring, pos),
-				    out.byte_len);
+		if (out.byte_len <= ring.payload_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va),
+				    ring.payload + (pos & ring.mask) * ring.payload_stride, out.byte_len);
 		} else {
 			out.status = IBV_WC_LOC_PROT_ERR;
 			out.byte_len = 0;
 		}
 	} else if (out.flags & XSRC_CQE_DEFERRED_BIG) {
-		// The pool's shape is the daemon's, as num_entries and payload_stride are.
-		bool known = out.big_slot < ring->big_slots;
-		if (known && out.byte_len <= ring->big_stride && may_write(out.deferred_va, out.byte_len)) {
-			std::memcpy(reinterpret_cast<void *>(out.deferred_va), cq_big_payload(ring, out.big_slot),
-				    out.byte_len);
+		bool known = out.big_slot < ring.big_slots;
+		if (known && out.byte_len <= ring.big_stride && may_write(out.deferred_va, out.byte_len)) {
+			std::memcpy(reinterpret_cast<void *>(out.deferred_va),
+				    ring.big + uint64_t(out.big_slot) * ring.big_stride, out.byte_len);
 		} else {
 			out.status = IBV_WC_LOC_PROT_ERR;
 			out.byte_len = 0;
 		}
 		if (known)
-			cq_big_release(ring, out.big_slot);
+			atomic(ring.big_busy[out.big_slot / 64])
+				.fetch_and(~(uint64_t(1) << (out.big_slot % 64)), std::memory_order_release);
 	}
-	atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
-	atomic(ring->head).store(pos + 1, std::memory_order_release);
+	// The slot is the producers' again one lap on.
+	atomic(slot->seq).store(pos + ring.num_entries, std::memory_order_release);
+	return true;
+}
+
+// Tells producers how far the consumer got: they count free entries from it.
+inline void cq_publish_head(xsrc_cq_ring *ring, uint64_t pos)
+{
+	atomic(ring->head).store(pos, std::memory_order_release);
+}
+
+// cq_take() at the published head, publishing the next one.
+template <typename MayWrite>
+inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
+{
+	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
+	if (!cq_take(CqShape::of(ring), pos, out, may_write))
+		return false;
+	cq_publish_head(ring, pos + 1);
 	return true;
 }
 

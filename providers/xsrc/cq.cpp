@@ -38,15 +38,17 @@ bool cq_discarded(xsrc_cq *cq, const xsrc_cq_ring *ring, uint64_t pos, const xsr
 	});
 }
 
-bool cq_pop_from(xsrc_cq *cq, xsrc_cq_ring *ring, xsrc_cqe &c)
+// Takes the next completion of `ring`, whose shape and our position in it
+// are `shape` and `pos`; the new head is published by cq_publish().
+bool cq_pop_from(xsrc_cq *cq, const xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t &pos, xsrc_cqe &c)
 {
 	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
 	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	for (;;) {
-		uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);  // we are the consumer
-		if (!xsrc::cq_pop(ring, c, may_write))
+		if (!xsrc::cq_take(shape, pos, c, may_write))
 			return false;
-		if (cq->discards.empty() || !cq_discarded(cq, ring, pos, c))
+		++pos;
+		if (cq->discards.empty() || !cq_discarded(cq, ring, pos - 1, c))
 			return true;
 	}
 }
@@ -69,7 +71,8 @@ bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
 	if (cq->old_ring) {
-		if (cq_pop_from(cq, cq->old_ring, c)) {
+		if (cq_pop_from(cq, cq->old_ring, cq->old_shape, cq->old_pos, c)) {
+			xsrc::cq_publish_head(cq->old_ring, cq->old_pos);
 			cq->polled_tm = cq_tm_info(c);
 			cq_to_wc(c, wc);
 			return true;
@@ -77,14 +80,30 @@ bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.ring == cq->old_ring; });
 		cq->old_ring = nullptr;
 	}
-	if (!cq_pop_from(cq, cq->ring, c)) {
-		uint64_t head = atomic(cq->ring->head).load(std::memory_order_relaxed);
-		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= head; });
+	if (!cq_pop_from(cq, cq->ring, cq->shape, cq->pos, c)) {
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= cq->pos; });
 		return false;
 	}
 	cq->polled_tm = cq_tm_info(c);
 	cq_to_wc(c, wc);
 	return true;
+}
+
+// Tells producers how far this poll got, once per poll rather than once per
+// completion: the head shares its cache line with the producers' tail.
+void cq_publish(xsrc_cq *cq)
+{
+	if (cq->pos != cq->published) {
+		xsrc::cq_publish_head(cq->ring, cq->pos);
+		cq->published = cq->pos;
+	}
+}
+
+// Starts consuming `ring` where its head is.
+void cq_read_from(xsrc_cq_ring *ring, xsrc::CqShape &shape, uint64_t &pos)
+{
+	shape = xsrc::CqShape::of(ring);
+	pos = xsrc::atomic(ring->head).load(std::memory_order_acquire);
 }
 
 // Tells producers that this provider places payloads from the ring's big
@@ -135,6 +154,7 @@ int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 	xsrc_requester_recheck_all(to_xsrc_ctx(cq->vcq.cq.context));
 	cq->poll_lock.lock();
 	if (!cq_pop_one(cq, cq->polled)) {
+		cq_publish(cq);
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
@@ -157,7 +177,9 @@ int cq_next_poll(ibv_cq_ex *ibcq)
 
 void cq_end_poll(ibv_cq_ex *ibcq)
 {
-	to_xsrc_cq(ibcq)->poll_lock.unlock();
+	xsrc_cq *cq = to_xsrc_cq(ibcq);
+	cq_publish(cq);
+	cq->poll_lock.unlock();
 }
 
 ibv_wc_opcode cq_read_opcode(ibv_cq_ex *cq) { return to_xsrc_cq(cq)->polled.opcode; }
@@ -218,6 +240,8 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		errno = EPROTO;
 		return false;
 	}
+	cq_read_from(cq->ring, cq->shape, cq->pos);
+	cq->published = cq->pos;
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -357,8 +381,13 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	}
 	xsrc_cq_ring *ring = cq_ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
 	if (ring && ring != cq->ring) {
+		cq_publish(cq);
 		cq->old_ring = cq->ring;
+		cq->old_shape = cq->shape;
+		cq->old_pos = cq->pos;
 		cq->ring = ring;
+		cq_read_from(ring, cq->shape, cq->pos);
+		cq->published = cq->pos;
 	}
 	return 0;
 }
@@ -373,6 +402,7 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 	int n = 0;
 	while (n < num_entries && cq_pop_one(cq, wc[n]))
 		++n;
+	cq_publish(cq);
 	return n;
 }
 

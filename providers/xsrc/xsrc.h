@@ -248,6 +248,11 @@ struct xsrc_cq {
 	uint64_t wc_flags;           // ibv_cq_init_attr_ex::wc_flags (0 for ibv_create_cq)
 	xsrc_cq_ring *ring;
 	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
+	// The consumer's side of ring and old_ring, in our memory (cq.cpp): the
+	// rings' shapes, our positions, and the head producers last saw of ring.
+	xsrc::CqShape shape, old_shape;
+	uint64_t pos, old_pos;
+	uint64_t published;
 	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 	xsrc_td_lock poll_lock;      // the ring has a single consumer
 	xsrc_parent_domain *parent_domain; // IBV_CQ_INIT_ATTR_MASK_PD, else null
