@@ -182,94 +182,115 @@ inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
 	return wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel);
 }
 
-// The ring as its consumer sees it, read once into the consumer's own
-// memory: the header shares a cache line with `tail`, which every producer
-// writes, so reading the shape from there on every poll would stall on it.
-// The shape is the daemon's (it never changes while the ring lives).
-struct CqShape {
-	xsrc_cqe *slots = nullptr;
-	unsigned char *payload = nullptr;  // the payload slots
-	uint32_t mask = 0;                 // num_entries - 1
-	uint32_t num_entries = 0;
-	uint32_t payload_stride = 0;
-	uint32_t big_slots = 0;
-	uint32_t big_stride = 0;
-	uint64_t *big_busy = nullptr;
-	unsigned char *big = nullptr;      // big slot 0
+// A CQ ring's one consumer, in the consumer's own memory: the ring's shape,
+// read once (the header shares a cache line with `tail`, which every
+// producer writes; the shape is the daemon's and never changes while the
+// ring lives), its position, and what it has yet to tell the producers — how
+// far it got, and which big slots it emptied — told once per poll
+// (publish()), as an HCA's provider writes its consumer index once per poll
+// rather than once per completion.
+class CqConsumer {
+public:
+	CqConsumer() = default;
 
-	static CqShape of(xsrc_cq_ring *ring)
+	// Consumes `ring` from its head on.
+	explicit CqConsumer(xsrc_cq_ring *ring)
+		: ring_(ring), slots_(cq_slot(ring, 0)), payload_(cq_payload(ring, 0)),
+		  num_entries_(ring->num_entries), payload_stride_(ring->payload_stride),
+		  big_slots_(ring->big_slots), big_stride_(ring->big_stride),
+		  pos_(atomic(ring->head).load(std::memory_order_acquire)), published_(pos_)
 	{
-		CqShape s;
-		s.slots = cq_slot(ring, 0);
-		s.payload = cq_payload(ring, 0);
-		s.num_entries = ring->num_entries;
-		s.mask = s.num_entries - 1;
-		s.payload_stride = ring->payload_stride;
-		s.big_slots = ring->big_slots;
-		s.big_stride = ring->big_stride;
-		if (s.big_slots) {
-			s.big_busy = cq_big_busy(ring);
-			s.big = cq_big_payload(ring, 0);
+		if (big_slots_) {
+			big_busy_ = cq_big_busy(ring);
+			big_ = cq_big_payload(ring, 0);
 		}
-		return s;
 	}
+
+	xsrc_cq_ring *ring() const { return ring_; }
+	// The position of the next completion (one past the last taken).
+	uint64_t pos() const { return pos_; }
+
+	// Takes the next completion, if there is one. A payload that travels
+	// with it is placed only where may_write(va, len) says this process
+	// registered memory for it: the ring is in the arena, which any
+	// process can write, so deferred_va is never trusted by itself. A
+	// payload that may not be placed turns the completion into
+	// IBV_WC_LOC_PROT_ERR.
+	template <typename MayWrite>
+	bool take(xsrc_cqe &out, MayWrite &&may_write)
+	{
+		const uint64_t index = pos_ & (num_entries_ - 1);
+		xsrc_cqe *slot = &slots_[index];
+		if (atomic(slot->seq).load(std::memory_order_acquire) != pos_ + 1)
+			return false;
+		out = *slot;
+		if (out.flags & XSRC_CQE_DEFERRED) {
+			if (out.byte_len <= payload_stride_ && may_write(out.deferred_va, out.byte_len)) {
+				std::memcpy(reinterpret_cast<void *>(out.deferred_va), payload_ + index * payload_stride_,
+					    out.byte_len);
+			} else {
+				out.status = IBV_WC_LOC_PROT_ERR;
+				out.byte_len = 0;
+			}
+		} else if (out.flags & XSRC_CQE_DEFERRED_BIG) {
+			bool known = out.big_slot < big_slots_;
+			if (known && out.byte_len <= big_stride_ && may_write(out.deferred_va, out.byte_len)) {
+				std::memcpy(reinterpret_cast<void *>(out.deferred_va),
+					    big_ + uint64_t(out.big_slot) * big_stride_, out.byte_len);
+			} else {
+				out.status = IBV_WC_LOC_PROT_ERR;
+				out.byte_len = 0;
+			}
+			if (known)
+				emptied_[out.big_slot / 64] |= uint64_t(1) << (out.big_slot % 64);
+		}
+		// The entry is the producers' again one lap on.
+		atomic(slot->seq).store(pos_ + num_entries_, std::memory_order_release);
+		++pos_;
+		return true;
+	}
+
+	// Tells the producers what the takes since the last publish() freed:
+	// they count free entries from the head, and claim free big slots.
+	void publish()
+	{
+		for (uint32_t w = 0; w < kMaxCqBigSlots / 64; ++w) {
+			if (emptied_[w]) {
+				// Release: our copies out of the slots come first.
+				atomic(big_busy_[w]).fetch_and(~emptied_[w], std::memory_order_release);
+				emptied_[w] = 0;
+			}
+		}
+		if (pos_ != published_) {
+			atomic(ring_->head).store(pos_, std::memory_order_release);
+			published_ = pos_;
+		}
+	}
+
+private:
+	xsrc_cq_ring *ring_ = nullptr;
+	xsrc_cqe *slots_ = nullptr;
+	unsigned char *payload_ = nullptr;  // the payload slots
+	uint32_t num_entries_ = 0;
+	uint32_t payload_stride_ = 0;
+	uint32_t big_slots_ = 0;
+	uint32_t big_stride_ = 0;
+	uint64_t *big_busy_ = nullptr;
+	unsigned char *big_ = nullptr;  // big slot 0
+	uint64_t pos_ = 0;
+	uint64_t published_ = 0;                     // the head the producers see
+	uint64_t emptied_[kMaxCqBigSlots / 64] = {};  // big slots not yet freed
 };
 
-// Takes the completion at `pos`, the consumer's own position (it is the
-// only consumer), without publishing a new head: the caller does that once
-// per poll (cq_publish_head), as an HCA's provider writes its consumer index
-// once per poll. A payload that travels with it is placed only where
-// may_write(va, len) says this process registered memory for it: the ring
-// is in the arena, which any process can write, so deferred_va is never
-// trusted by itself. A payload that may not be placed turns the completion
-// into IBV_WC_LOC_PROT_ERR.
-template <typename MayWrite>
-inline bool cq_take(const CqShape &ring, uint64_t pos, xsrc_cqe &out, MayWrite &&may_write)
-{
-	xsrc_cqe *slot = &ring.slots[pos & ring.mask];
-	if (atomic(slot->seq).load(std::memory_order_acquire) != pos + 1)
-		return false;
-	out = *slot;
-	if (out.flags & XSRC_CQE_DEFERRED) {
-		if (out.byte_len <= ring.payload_stride && may_write(out.deferred_va, out.byte_len)) {
-			std::memcpy(reinterpret_cast<void *>(out.deferred_va),
-				    ring.payload + (pos & ring.mask) * ring.payload_stride, out.byte_len);
-		} else {
-			out.status = IBV_WC_LOC_PROT_ERR;
-			out.byte_len = 0;
-		}
-	} else if (out.flags & XSRC_CQE_DEFERRED_BIG) {
-		bool known = out.big_slot < ring.big_slots;
-		if (known && out.byte_len <= ring.big_stride && may_write(out.deferred_va, out.byte_len)) {
-			std::memcpy(reinterpret_cast<void *>(out.deferred_va),
-				    ring.big + uint64_t(out.big_slot) * ring.big_stride, out.byte_len);
-		} else {
-			out.status = IBV_WC_LOC_PROT_ERR;
-			out.byte_len = 0;
-		}
-		if (known)
-			atomic(ring.big_busy[out.big_slot / 64])
-				.fetch_and(~(uint64_t(1) << (out.big_slot % 64)), std::memory_order_release);
-	}
-	// The slot is the producers' again one lap on.
-	atomic(slot->seq).store(pos + ring.num_entries, std::memory_order_release);
-	return true;
-}
-
-// Tells producers how far the consumer got: they count free entries from it.
-inline void cq_publish_head(xsrc_cq_ring *ring, uint64_t pos)
-{
-	atomic(ring->head).store(pos, std::memory_order_release);
-}
-
-// cq_take() at the published head, publishing the next one.
+// One completion for a consumer that keeps no state of its own (the
+// daemon's tests): taken at the published head, and published at once.
 template <typename MayWrite>
 inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
 {
-	uint64_t pos = atomic(ring->head).load(std::memory_order_relaxed);
-	if (!cq_take(CqShape::of(ring), pos, out, may_write))
+	CqConsumer consumer(ring);
+	if (!consumer.take(out, may_write))
 		return false;
-	cq_publish_head(ring, pos + 1);
+	consumer.publish();
 	return true;
 }
 

@@ -38,17 +38,16 @@ bool cq_discarded(xsrc_cq *cq, const xsrc_cq_ring *ring, uint64_t pos, const xsr
 	});
 }
 
-// Takes the next completion of `ring`, whose shape and our position in it
-// are `shape` and `pos`; the new head is published by cq_publish().
-bool cq_pop_from(xsrc_cq *cq, const xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t &pos, xsrc_cqe &c)
+// Takes the next completion `from` has that is not discarded; producers
+// learn of it at the next publish().
+bool cq_pop_from(xsrc_cq *cq, xsrc::CqConsumer &from, xsrc_cqe &c)
 {
 	const xsrc_local_mrs &mrs = to_xsrc_ctx(cq->vcq.cq.context)->local_mrs;
 	auto may_write = [&mrs](uint64_t va, uint32_t len) { return mrs.covers(va, len); };
 	for (;;) {
-		if (!xsrc::cq_take(shape, pos, c, may_write))
+		if (!from.take(c, may_write))
 			return false;
-		++pos;
-		if (cq->discards.empty() || !cq_discarded(cq, ring, pos - 1, c))
+		if (cq->discards.empty() || !cq_discarded(cq, from.ring(), from.pos() - 1, c))
 			return true;
 	}
 }
@@ -70,40 +69,23 @@ ibv_wc_tm_info cq_tm_info(xsrc_cqe &c)
 bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 {
 	xsrc_cqe c;
-	if (cq->old_ring) {
-		if (cq_pop_from(cq, cq->old_ring, cq->old_shape, cq->old_pos, c)) {
-			xsrc::cq_publish_head(cq->old_ring, cq->old_pos);
+	if (cq->old.ring()) {
+		if (cq_pop_from(cq, cq->old, c)) {
+			cq->old.publish();
 			cq->polled_tm = cq_tm_info(c);
 			cq_to_wc(c, wc);
 			return true;
 		}
-		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.ring == cq->old_ring; });
-		cq->old_ring = nullptr;
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.ring == cq->old.ring(); });
+		cq->old = {};
 	}
-	if (!cq_pop_from(cq, cq->ring, cq->shape, cq->pos, c)) {
-		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= cq->pos; });
+	if (!cq_pop_from(cq, cq->consumer, c)) {
+		std::erase_if(cq->discards, [&](const xsrc_cq_discard &d) { return d.until <= cq->consumer.pos(); });
 		return false;
 	}
 	cq->polled_tm = cq_tm_info(c);
 	cq_to_wc(c, wc);
 	return true;
-}
-
-// Tells producers how far this poll got, once per poll rather than once per
-// completion: the head shares its cache line with the producers' tail.
-void cq_publish(xsrc_cq *cq)
-{
-	if (cq->pos != cq->published) {
-		xsrc::cq_publish_head(cq->ring, cq->pos);
-		cq->published = cq->pos;
-	}
-}
-
-// Starts consuming `ring` where its head is.
-void cq_read_from(xsrc_cq_ring *ring, xsrc::CqShape &shape, uint64_t &pos)
-{
-	shape = xsrc::CqShape::of(ring);
-	pos = xsrc::atomic(ring->head).load(std::memory_order_acquire);
 }
 
 // Tells producers that this provider places payloads from the ring's big
@@ -154,7 +136,7 @@ int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 	xsrc_requester_recheck_all(to_xsrc_ctx(cq->vcq.cq.context));
 	cq->poll_lock.lock();
 	if (!cq_pop_one(cq, cq->polled)) {
-		cq_publish(cq);
+		cq->consumer.publish();
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
@@ -178,7 +160,7 @@ int cq_next_poll(ibv_cq_ex *ibcq)
 void cq_end_poll(ibv_cq_ex *ibcq)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	cq_publish(cq);
+	cq->consumer.publish();
 	cq->poll_lock.unlock();
 }
 
@@ -231,8 +213,8 @@ void cq_set_poll_ops(ibv_cq_ex &cq)
 // create may have drawn from. On failure the CQ is destroyed (errno set).
 bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
 {
-	cq->ring = cq_ring_at(ctx, drv.ring_off);
-	if (!cq->ring) {
+	xsrc_cq_ring *ring = cq_ring_at(ctx, drv.ring_off);
+	if (!ring) {
 		verbs_err(&ctx->ibv_ctx, "create_cq: the device answered ring_off 0x%llx, not a CQ ring\n",
 			  static_cast<unsigned long long>(drv.ring_off));
 		ibv_cmd_destroy_cq(&cq->vcq.cq);
@@ -240,8 +222,7 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		errno = EPROTO;
 		return false;
 	}
-	cq_read_from(cq->ring, cq->shape, cq->pos);
-	cq->published = cq->pos;
+	cq->consumer = xsrc::CqConsumer(ring);
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -380,14 +361,10 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 		return err;
 	}
 	xsrc_cq_ring *ring = cq_ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
-	if (ring && ring != cq->ring) {
-		cq_publish(cq);
-		cq->old_ring = cq->ring;
-		cq->old_shape = cq->shape;
-		cq->old_pos = cq->pos;
-		cq->ring = ring;
-		cq_read_from(ring, cq->shape, cq->pos);
-		cq->published = cq->pos;
+	if (ring && ring != cq->ring()) {
+		cq->consumer.publish();
+		cq->old = cq->consumer;
+		cq->consumer = xsrc::CqConsumer(ring);
 	}
 	return 0;
 }
@@ -402,7 +379,7 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 	int n = 0;
 	while (n < num_entries && cq_pop_one(cq, wc[n]))
 		++n;
-	cq_publish(cq);
+	cq->consumer.publish();
 	return n;
 }
 
@@ -410,7 +387,7 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	atomic(cq->ring->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
+	atomic(cq->ring()->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
 				      std::memory_order_seq_cst);
 	return 0;
 }
@@ -421,10 +398,9 @@ void xsrc_cq_clean(xsrc_cq *cq, xsrc::Qpn qpn) noexcept
 {
 	std::lock_guard guard(cq->poll_lock);
 	try {
-		if (cq->old_ring)
-			cq->discards.push_back({cq->old_ring, qpn.value(),
-						atomic(cq->old_ring->tail).load(std::memory_order_acquire)});
-		cq->discards.push_back({cq->ring, qpn.value(), atomic(cq->ring->tail).load(std::memory_order_acquire)});
+		if (xsrc_cq_ring *old = cq->old.ring())
+			cq->discards.push_back({old, qpn.value(), atomic(old->tail).load(std::memory_order_acquire)});
+		cq->discards.push_back({cq->ring(), qpn.value(), atomic(cq->ring()->tail).load(std::memory_order_acquire)});
 	} catch (const std::bad_alloc &) {
 		verbs_err(&to_xsrc_ctx(cq->vcq.cq.context)->ibv_ctx,
 			  "modify_qp: no memory to drop QP %u's completions at RESET; they stay\n", qpn.value());

@@ -516,7 +516,7 @@ int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 			return EINVAL;
 		}
 		if (state == IBV_QPS_ERR) {
-			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0,
+			xsrc_cq_complete(ctx, qp->recv_cq->ring(), 0,
 					 xsrc_make_cqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 			continue;
 		}

@@ -508,7 +508,7 @@ void xsrc_raw_receive(xsrc_context *ctx, xsrc_qp *qp, const uint8_t *frame, size
 		return;
 	const xsrc_srq_entry *srq = qp->srq ? ctx->arena.srq(qp->srq->srqn) : nullptr;
 	xsrc::PdId pd(srq ? srq->pd_id : qp->entry->pd_id);
-	xsrc_raw_scatter(ctx, rwqe, pd, frame, len, qp->recv_cq->ring, qp->qpn);
+	xsrc_raw_scatter(ctx, rwqe, pd, frame, len, qp->recv_cq->ring(), qp->qpn);
 }
 
 ibv_flow *xsrc_create_flow(ibv_qp *ibqp, ibv_flow_attr *attr)

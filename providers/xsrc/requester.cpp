@@ -106,7 +106,7 @@ void requester_complete(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe
 		return;
 	xsrc_cqe c = xsrc_make_cqe(wqe.wr_id, status, requester_wc_opcode(wqe.opcode), qp->qpn);
 	c.byte_len = byte_len;
-	xsrc_cq_complete(ctx, qp->send_cq->ring, 0, c);
+	xsrc_cq_complete(ctx, qp->send_cq->ring(), 0, c);
 }
 
 // The head WQE completed successfully; what its responder sends back
@@ -143,7 +143,7 @@ void xsrc_requester_complete_later(xsrc_context *ctx, xsrc_qp *qp, uint64_t wr_i
 		return;
 	xsrc_cqe c = xsrc_make_cqe(wr_id, status, requester_wc_opcode(opcode), qp->qpn);
 	c.byte_len = byte_len;
-	xsrc_cq_complete(ctx, qp->send_cq->ring, 0, c);
+	xsrc_cq_complete(ctx, qp->send_cq->ring(), 0, c);
 }
 
 namespace {
@@ -390,7 +390,7 @@ void xsrc_requester_flush(xsrc_qp *qp) noexcept
 	if (qp->rq && qp->recv_cq) {
 		xsrc::RecvWqe rwqe;
 		while (xsrc::recv_pop(qp->rq, rwqe))
-			xsrc_cq_complete(ctx, qp->recv_cq->ring, 0,
+			xsrc_cq_complete(ctx, qp->recv_cq->ring(), 0,
 					 xsrc_make_cqe(rwqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 	}
 }

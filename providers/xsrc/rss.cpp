@@ -95,7 +95,7 @@ void wq_drain_locked(xsrc_context *ctx, xsrc_wq *wq, bool flush)
 {
 	for (; wq->count; --wq->count, wq->head = (wq->head + 1) % wq->ring.size())
 		if (flush)
-			xsrc_cq_complete(ctx, to_xsrc_cq(wq->wq.cq)->ring, 0,
+			xsrc_cq_complete(ctx, to_xsrc_cq(wq->wq.cq)->ring(), 0,
 					 xsrc_make_cqe(wq->ring[wq->head].wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV,
 						       xsrc::Qpn(wq->wq.wq_num)));
 }
@@ -327,5 +327,5 @@ void xsrc_rss_receive(xsrc_context *ctx, xsrc_qp *qp, const uint8_t *frame, size
 	xsrc::RecvWqe rwqe = wq->ring[wq->head];
 	wq->head = (wq->head + 1) % wq->ring.size();
 	--wq->count;
-	xsrc_raw_scatter(ctx, rwqe, xsrc::PdId(qp->entry->pd_id), frame, len, to_xsrc_cq(wq->wq.cq)->ring, qp->qpn);
+	xsrc_raw_scatter(ctx, rwqe, xsrc::PdId(qp->entry->pd_id), frame, len, to_xsrc_cq(wq->wq.cq)->ring(), qp->qpn);
 }

@@ -195,7 +195,7 @@ int xsrc_post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *wr, ibv_ops_wr **bad_wr) noexc
 			return err;
 		}
 		if (cqe)
-			xsrc_cq_complete(ctx, srq->tm_cq->ring, 0, *cqe);
+			xsrc_cq_complete(ctx, srq->tm_cq->ring(), 0, *cqe);
 	}
 	return 0;
 }

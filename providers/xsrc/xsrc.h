@@ -246,19 +246,16 @@ struct xsrc_cq {
 	ibv_wc_tm_info polled_tm;    // its tag and app_ctx (XSRC_CQE_TM_INFO), else zero
 	uint64_t polled_ts;          // its free-running / wall-clock time in ns, if the CQ asked
 	uint64_t wc_flags;           // ibv_cq_init_attr_ex::wc_flags (0 for ibv_create_cq)
-	xsrc_cq_ring *ring;
-	xsrc_cq_ring *old_ring;      // after a resize that moved the ring: drained first
-	// The consumer's side of ring and old_ring, in our memory (cq.cpp): the
-	// rings' shapes, our positions, and the head producers last saw of ring.
-	xsrc::CqShape shape, old_shape;
-	uint64_t pos, old_pos;
-	uint64_t published;
+	xsrc::CqConsumer consumer;   // of the ring (cq.cpp)
+	xsrc::CqConsumer old;        // after a resize that moved the ring: drained first; else no ring
 	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 	xsrc_td_lock poll_lock;      // the ring has a single consumer
 	xsrc_parent_domain *parent_domain; // IBV_CQ_INIT_ATTR_MASK_PD, else null
 	// Polls so far: a QP that posts twice with no poll between is streaming
 	// (requester.cpp defers its small WQEs into batches).
 	std::atomic<uint64_t> polls{0};
+
+	xsrc_cq_ring *ring() const { return consumer.ring(); }  // where completions go
 };
 
 struct xsrc_srq {

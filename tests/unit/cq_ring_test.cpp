@@ -1,7 +1,8 @@
-// The CQ ring's consumer side (common/ring_ops.h): cq_take() at the
-// consumer's own position, the head published once per poll, and the
-// payloads placed from the ring's shape as the consumer read it once.
-// Producers count free entries from the published head only.
+// The CQ ring's consumer (common/ring_ops.h, CqConsumer): takes at its own
+// position, payloads placed from the ring's shape as it read it once, and
+// the head and the emptied big slots told to producers once per poll
+// (publish()). Producers count free entries and claim big slots only from
+// what was published.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -47,55 +48,52 @@ const auto nowhere = [](uint64_t, uint32_t) { return false; };
 TEST(CqRing, TakenEntriesStayCountedUntilTheHeadIsPublished)
 {
 	Ring r(4);
-	const CqShape shape = CqShape::of(r.ring());
+	CqConsumer consumer(r.ring());
 	for (uint64_t i = 0; i < 4; ++i)
 		ASSERT_TRUE(cq_push(r.ring(), cqe_for(i)));
 	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99))) << "cqe 4 holds 4";
 
-	uint64_t pos = 0;
 	xsrc_cqe c;
 	for (uint64_t i = 0; i < 4; ++i) {
-		ASSERT_TRUE(cq_take(shape, pos, c, anywhere));
+		ASSERT_TRUE(consumer.take(c, anywhere));
 		EXPECT_EQ(c.wr_id, i);
-		++pos;
 	}
-	EXPECT_FALSE(cq_take(shape, pos, c, anywhere));
+	EXPECT_FALSE(consumer.take(c, anywhere));
 	// Nothing published yet: the producers still see a full CQ, as an HCA
 	// does until its provider writes the consumer index.
 	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99)));
-	cq_publish_head(r.ring(), pos);
+	EXPECT_EQ(r.ring()->head, 0u);
+	consumer.publish();
+	EXPECT_EQ(r.ring()->head, 4u);
 	for (uint64_t i = 4; i < 8; ++i)
 		ASSERT_TRUE(cq_push(r.ring(), cqe_for(i)));
 	for (uint64_t i = 4; i < 8; ++i) {
-		ASSERT_TRUE(cq_take(shape, pos, c, anywhere));
+		ASSERT_TRUE(consumer.take(c, anywhere));
 		EXPECT_EQ(c.wr_id, i);
-		++pos;
 	}
 }
 
 TEST(CqRing, ManyLapsKeepOrder)
 {
 	Ring r(3);
-	const CqShape shape = CqShape::of(r.ring());
-	uint64_t pos = 0, next = 0;
+	CqConsumer consumer(r.ring());
+	uint64_t next = 0;
 	xsrc_cqe c;
 	for (uint64_t lap = 0; lap < 1000; ++lap) {
 		while (cq_push(r.ring(), cqe_for(next)))
 			++next;
-		while (cq_take(shape, pos, c, anywhere)) {
+		for (uint64_t pos = consumer.pos(); consumer.take(c, anywhere); ++pos)
 			ASSERT_EQ(c.wr_id, pos);
-			++pos;
-		}
-		cq_publish_head(r.ring(), pos);
+		consumer.publish();
 	}
-	EXPECT_EQ(pos, next);
+	EXPECT_EQ(consumer.pos(), next);
 	EXPECT_EQ(next, 3000u);
 }
 
 TEST(CqRing, PayloadsArePlacedFromTheShape)
 {
 	Ring r(8, 64);
-	const CqShape shape = CqShape::of(r.ring());
+	CqConsumer consumer(r.ring());
 	std::vector<unsigned char> small(100, 0x11), big(3000, 0x22);
 	std::vector<unsigned char> small_dst(100), big_dst(3000);
 
@@ -116,22 +114,23 @@ TEST(CqRing, PayloadsArePlacedFromTheShape)
 	c.deferred_va = reinterpret_cast<uintptr_t>(big_dst.data());
 	ASSERT_TRUE(cq_push(r.ring(), c));
 
-	uint64_t pos = 0;
 	xsrc_cqe out;
-	ASSERT_TRUE(cq_take(shape, pos++, out, anywhere));
+	ASSERT_TRUE(consumer.take(out, anywhere));
 	EXPECT_EQ(out.status, IBV_WC_SUCCESS);
 	EXPECT_EQ(small_dst, small);
-	ASSERT_TRUE(cq_take(shape, pos++, out, anywhere));
+	ASSERT_TRUE(consumer.take(out, anywhere));
 	EXPECT_EQ(out.status, IBV_WC_SUCCESS);
 	EXPECT_EQ(out.byte_len, big.size());
 	EXPECT_EQ(big_dst, big);
-	EXPECT_EQ(cq_big_claim(r.ring(), slot), slot) << "the taken big slot is free again";
+	EXPECT_NE(cq_big_claim(r.ring(), slot), slot) << "emptied, but not yet published";
+	consumer.publish();
+	EXPECT_EQ(cq_big_claim(r.ring(), slot), slot) << "the emptied big slot is free again";
 }
 
 TEST(CqRing, APayloadThatMayNotBePlacedIsAProtectionErrorAndFreesItsSlot)
 {
 	Ring r(8, 64);
-	const CqShape shape = CqShape::of(r.ring());
+	CqConsumer consumer(r.ring());
 	std::vector<unsigned char> dst(64, 0);
 	int slot = cq_big_claim(r.ring(), 5);
 	ASSERT_GE(slot, 0);
@@ -143,10 +142,11 @@ TEST(CqRing, APayloadThatMayNotBePlacedIsAProtectionErrorAndFreesItsSlot)
 	ASSERT_TRUE(cq_push(r.ring(), c));
 
 	xsrc_cqe out;
-	ASSERT_TRUE(cq_take(shape, 0, out, nowhere));
+	ASSERT_TRUE(consumer.take(out, nowhere));
 	EXPECT_EQ(out.status, IBV_WC_LOC_PROT_ERR);
 	EXPECT_EQ(out.byte_len, 0u);
 	EXPECT_EQ(dst, std::vector<unsigned char>(64, 0));
+	consumer.publish();
 	EXPECT_EQ(cq_big_claim(r.ring(), slot), slot);
 }
 
