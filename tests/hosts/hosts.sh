@@ -14,6 +14,8 @@
 # Host I's interface is $XSRC_HOSTS_PREFIX-I, or $XSRC_HOSTS_IFNAME on every
 # host when that is set (programs that want one device name on both ends,
 # such as ucx_perftest, whose server takes the client's parameters).
+# $XSRC_HOSTS_MTU sets the link's MTU (default: the kernel's, 1500); xsrc0's
+# active MTU follows it (9000: 4096).
 set -euo pipefail
 
 prefix=${XSRC_HOSTS_PREFIX:-xsrch}
@@ -38,6 +40,10 @@ up() {
   for i in $(seq "$n"); do
     ip netns add "$prefix-$i"
     ip link add "$(ifname "$i")" netns "$prefix-$i" type veth peer name "port$i" netns "$prefix-br"
+    if [ -n "${XSRC_HOSTS_MTU:-}" ]; then
+      ip -n "$prefix-br" link set "port$i" mtu "$XSRC_HOSTS_MTU"
+      ip -n "$prefix-$i" link set "$(ifname "$i")" mtu "$XSRC_HOSTS_MTU"
+    fi
     ip -n "$prefix-br" link set "port$i" master br0 up
     ip -n "$prefix-$i" link set lo up
     ip -n "$prefix-$i" addr add "10.77.0.$i/24" dev "$(ifname "$i")"

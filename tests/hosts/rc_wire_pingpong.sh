@@ -8,21 +8,26 @@
 # show RC and UC SEND First/Middle/Last/Only and ACKs, and every ICRC must
 # check with tests/wire/icrc_check.py (which shares no code with xsrc).
 # Peers on one host still use shared memory: nothing of theirs on the wire.
-# Afterwards no namespace, daemon or holder is left.
-#   rc_wire_pingpong.sh PORT
+# Afterwards no namespace, daemon or holder is left. With LINK_MTU 9000 (jumbo
+# frames, as RoCE fabrics run) the port's active MTU is 4096, and so is the
+# path MTU the pingpongs ask for (-m) and the segments on the wire.
+#   rc_wire_pingpong.sh PORT [LINK_MTU]
 set -u
 port=$1
-export XSRC_HOSTS_PREFIX=xsrcrc
+link_mtu=${2:-1500}
+mtu=1024
+[ "$link_mtu" -lt 9000 ] || mtu=4096
+export XSRC_HOSTS_PREFIX=xsrcrc$link_mtu XSRC_HOSTS_MTU=$link_mtu
 . "$(dirname "$0")/lib.sh"
 
 # pingpong PROGRAM SERVER_HOST CLIENT_HOST GID SIZE ITERS: one --chk run.
 pingpong() {
   local prog=$1 sh=$2 ch=$3 gid=$4 size=$5 iters=$6
-  timeout 120 "$hosts" run "$sh" "$prog" -d xsrc0 -g "$gid" -p "$port" -s "$size" -n "$iters" -c \
+  timeout 120 "$hosts" run "$sh" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c \
     >"$dir/server" 2>&1 &
   server=$!
   wait_listen "$sh"
-  timeout 120 "$hosts" run "$ch" "$prog" -d xsrc0 -g "$gid" -p "$port" -s "$size" -n "$iters" -c 10.77.0.$sh \
+  timeout 120 "$hosts" run "$ch" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c 10.77.0.$sh \
     >"$dir/client" 2>&1
   local rc=$?
   wait "$server"
@@ -38,6 +43,11 @@ pingpong() {
 }
 
 "$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+# The largest IB MTU that fits the link with the RoCE v2 headers.
+for h in 1 2; do
+  active=$("$hosts" run $h ibv_devinfo -d xsrc0 | awk '/active_mtu/ {print $2; exit}')
+  [ "$active" = "$mtu" ] || bad "host $h on a $link_mtu-byte link: active_mtu $active, want $mtu"
+done
 
 # 1. Same host: shared memory, nothing on the wire.
 start_capture "$dir/local.pcap"
@@ -48,7 +58,7 @@ local_packets=$(/usr/bin/python3 "$checker" "$dir/local.pcap" | cut -d' ' -f1)
 
 # 2. Small runs under capture: every packet decodes and its ICRC checks.
 start_capture "$dir/wire.pcap"
-for run in rc:1:1 rc:1:3000 rc:2:2049 rc:0:1025 uc:1:3000 uc:2:1; do
+for run in rc:1:1 rc:1:9000 rc:2:2049 rc:0:4097 uc:1:9000 uc:2:1; do
   IFS=: read -r kind gid size <<<"$run"
   pingpong "ibv_${kind}_pingpong" 1 2 "$gid" "$size" 20 || break
 done
@@ -64,11 +74,11 @@ ipv6=$(tshark -r "$dir/wire.pcap" -Y 'ipv6 && infiniband.bth.opcode == 17' 2>/de
 [ "$ipv6" -gt 0 ] || bad "no RC ACK over IPv6"
 # Packets of a message are the path MTU long, the last one the rest.
 big=$(tshark -r "$dir/wire.pcap" -Y 'infiniband.bth.opcode == 0 && ip' -T fields -e udp.length 2>/dev/null | sort -u)
-[ "$big" = $((8 + 12 + 1024 + 4)) ] || bad "RC SEND First UDP lengths: $big (want one MTU of payload)"
+[ "$big" = $((8 + 12 + mtu + 4)) ] || bad "RC SEND First UDP lengths: $big (want one MTU of payload)"
 
 # 3. Sizes up to 1 MiB, data checked (--chk).
-for run in rc:1:1 rc:1:1023 rc:1:1024 rc:1:1025 rc:1:65536 rc:1:262144 rc:1:1048576 rc:2:1048576 \
-           uc:1:1024 uc:1:65537 uc:1:1048576 uc:2:262144; do
+for run in rc:1:1 rc:1:$((mtu - 1)) rc:1:$mtu rc:1:$((mtu + 1)) rc:1:65536 rc:1:262144 rc:1:1048576 rc:2:1048576 \
+           uc:1:$mtu uc:1:65537 uc:1:1048576 uc:2:262144; do
   IFS=: read -r kind gid size <<<"$run"
   iters=100
   [ "$size" -lt 262144 ] || iters=10
@@ -77,4 +87,4 @@ done
 "$hosts" run 1 "$XSRC" status
 "$hosts" run 2 "$XSRC" status
 
-finish rc_wire_pingpong
+finish "rc_wire_pingpong (link MTU $link_mtu)"
