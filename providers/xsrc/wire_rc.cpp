@@ -31,6 +31,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "common/iov.h"
@@ -112,10 +113,9 @@ struct xsrc_wire_qp {
 	uint64_t rnr_until_ns = 0;  // an RNR NAK holds the sending until then
 	int retries_left = -1;      // -1: not counting yet
 	int rnr_retries_left = -1;
-	// A response came past a lost one and the request was sent again from
-	// una_psn at once; not again for that gap (the timer's, if lost too).
-	bool asked_again = false;
-	uint32_t asked_again_psn = 0;
+	// The una_psn from which a response past a lost one had the request
+	// sent again at once; not again for that gap (the timer's, if lost too).
+	std::optional<uint32_t> asked_again_from;
 
 	xsrc_wire_msg &msg(size_t i) { return msgs[(head + i) % msgs.size()]; }
 };
@@ -543,10 +543,9 @@ void ask_again_past_gap(xsrc_qp *qp, xsrc_wire_qp &wq, uint32_t psn, uint64_t no
 	uint32_t ahead = psn_diff(psn, wq.una_psn);
 	if (ahead >= psn_diff(wq.sent_high, wq.una_psn))
 		return;
-	if (wq.asked_again && wq.asked_again_psn == wq.una_psn)
+	if (wq.asked_again_from == wq.una_psn)
 		return;
-	wq.asked_again = true;
-	wq.asked_again_psn = wq.una_psn;
+	wq.asked_again_from = wq.una_psn;
 	rewind(wq);
 	pump(qp, wq, now);
 }

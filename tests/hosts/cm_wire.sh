@@ -50,7 +50,7 @@ pair() {
   echo "ok: $name ($((SECONDS - start)) s)"
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 
 case $mode in
 connect)

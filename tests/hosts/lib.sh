@@ -2,6 +2,7 @@
 # the test has set `port` and exported XSRC_HOSTS_PREFIX (its own hosts).
 #
 #   hosts, checker   hosts.sh and the independent ICRC checker
+#   hosts_up         two hosts, or the test fails at once
 #   dir              a scratch directory, removed at exit
 #   server, pids     a background server / other processes, killed at exit
 #   fail, bad MSG    "FAIL: MSG", and the test fails
@@ -38,6 +39,8 @@ cleanup() {
 trap cleanup EXIT
 
 bad() { echo "FAIL: $*"; fail=1; }
+
+hosts_up() { "$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }; }
 
 wait_listen() {
   for _ in $(seq 100); do

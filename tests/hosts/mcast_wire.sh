@@ -75,7 +75,7 @@ one_group() {
   return 0
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 start_capture "$dir/wire.pcap"
 one_group 1 ::ffff:239.77.1.1 239.77.1.1
 one_group 2 ff0e::77:1 ff0e::77:1

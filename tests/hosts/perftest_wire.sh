@@ -39,7 +39,7 @@ most_outstanding() {
     awk '$1 == 12 { n++; if (n > most) most = n } $1 == 15 || $1 == 16 { n-- } END { print most + 0 }'
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 
 for gid in 1 2; do
   for prog in ib_send_lat ib_write_lat; do

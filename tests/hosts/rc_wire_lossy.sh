@@ -36,7 +36,7 @@ run_pair() {
   return 0
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 # make_lossy I: host I's veth loses and duplicates what it sends. With
 # netem (the kernel's sch_netem) it also delays and reorders; a kernel
 # without it (some CI VMs) gets nftables' netdev egress hook, which drops

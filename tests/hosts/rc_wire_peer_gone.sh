@@ -55,11 +55,11 @@ gone_mid_run() {
 
 # Each on fresh hosts: a link that was down has lost its IPv6 address.
 for run in 1:link 2:daemon 2:link 1:daemon; do
-  "$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+  hosts_up
   gone_mid_run "${run%:*}" "${run#*:}"
   "$hosts" down
 done
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 
 # No xsrcd on host 1 at all: a stand-in answers ibv_rc_pingpong's address
 # exchange with the client's own QPN at host 1's GID.

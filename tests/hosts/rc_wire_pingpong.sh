@@ -42,7 +42,7 @@ pingpong() {
   echo "ok: $prog -g $gid -s $size: $(grep -m1 'iters in' "$dir/client")"
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 # The largest IB MTU that fits the link with the RoCE v2 headers.
 for h in 1 2; do
   active=$("$hosts" run $h ibv_devinfo -d xsrc0 | awk '/active_mtu/ {print $2; exit}')

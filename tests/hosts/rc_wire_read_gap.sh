@@ -13,7 +13,7 @@ verbs=$2
 export XSRC_HOSTS_PREFIX=xsrcrg
 . "$(dirname "$0")/lib.sh"
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }
 ns=$XSRC_HOSTS_PREFIX-1
 # The BTH's opcode is the first byte after the UDP header (bit 64 of @th).

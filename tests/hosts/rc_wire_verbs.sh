@@ -18,7 +18,7 @@ prog=$2
 export XSRC_HOSTS_PREFIX=xsrcrv
 . "$(dirname "$0")/lib.sh"
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 for gid in 1 2; do
   if [ "$gid" = 1 ]; then
     start_capture "$dir/wire.pcap" 65536

@@ -37,7 +37,7 @@ pingpong() {
   echo "ok: -g $gid -s $size: $(grep -m1 'bytes in' "$dir/client")"
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 
 # 1. Same host: shared memory, nothing on the wire.
 start_capture "$dir/local.pcap"

@@ -67,7 +67,7 @@ srq() {
   echo "ok: ibv_srq_pingpong -g $gid -s $size: $(grep -m1 'iters in' "$dir/client")"
 }
 
-"$hosts" up 2 || { echo "FAIL: hosts.sh up"; exit 1; }
+hosts_up
 
 # 1. Small runs under capture: every packet decodes and its ICRC checks.
 start_capture "$dir/wire.pcap"

@@ -42,6 +42,23 @@ xsrc_cqe cqe_for(uint64_t wr_id)
 	return c;
 }
 
+// A completion whose payload (`payload`, for `dst`) waits in a big slot it
+// claims: that slot, -1 when none is free or the CQ is full.
+int push_big(xsrc_cq_ring *ring, uint64_t wr_id, const std::vector<unsigned char> &payload,
+	     std::vector<unsigned char> &dst)
+{
+	int slot = cq_big_claim(ring, 0);
+	if (slot < 0)
+		return -1;
+	std::memcpy(cq_big_payload(ring, slot), payload.data(), payload.size());
+	xsrc_cqe c = cqe_for(wr_id);
+	c.flags = XSRC_CQE_DEFERRED_BIG;
+	c.big_slot = slot;
+	c.byte_len = payload.size();
+	c.deferred_va = reinterpret_cast<uintptr_t>(dst.data());
+	return cq_push(ring, c) ? slot : -1;
+}
+
 const auto anywhere = [](uint64_t, uint32_t) { return true; };
 const auto nowhere = [](uint64_t, uint32_t) { return false; };
 
@@ -104,15 +121,8 @@ TEST(CqRing, PayloadsArePlacedFromTheShape)
 	iovec iov{small.data(), small.size()};
 	ASSERT_TRUE(cq_push(r.ring(), c, {&iov, 1}));
 
-	int slot = cq_big_claim(r.ring(), 0);
+	int slot = push_big(r.ring(), 2, big, big_dst);
 	ASSERT_GE(slot, 0);
-	std::memcpy(cq_big_payload(r.ring(), slot), big.data(), big.size());
-	c = cqe_for(2);
-	c.flags = XSRC_CQE_DEFERRED_BIG;
-	c.big_slot = slot;
-	c.byte_len = big.size();
-	c.deferred_va = reinterpret_cast<uintptr_t>(big_dst.data());
-	ASSERT_TRUE(cq_push(r.ring(), c));
 
 	xsrc_cqe out;
 	ASSERT_TRUE(consumer.take(out, anywhere));
@@ -132,14 +142,8 @@ TEST(CqRing, APayloadThatMayNotBePlacedIsAProtectionErrorAndFreesItsSlot)
 	Ring r(8, 64);
 	CqConsumer consumer(r.ring());
 	std::vector<unsigned char> dst(64, 0);
-	int slot = cq_big_claim(r.ring(), 5);
+	int slot = push_big(r.ring(), 7, std::vector<unsigned char>(64, 0x33), dst);
 	ASSERT_GE(slot, 0);
-	xsrc_cqe c = cqe_for(7);
-	c.flags = XSRC_CQE_DEFERRED_BIG;
-	c.big_slot = slot;
-	c.byte_len = dst.size();
-	c.deferred_va = reinterpret_cast<uintptr_t>(dst.data());
-	ASSERT_TRUE(cq_push(r.ring(), c));
 
 	xsrc_cqe out;
 	ASSERT_TRUE(consumer.take(out, nowhere));
