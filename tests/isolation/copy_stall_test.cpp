@@ -30,7 +30,7 @@ namespace {
 
 constexpr size_t kBytes = 256u << 20;
 constexpr int kWrites = 4;
-constexpr int kAttempts = 3;
+constexpr int kAttempts = 5;
 constexpr long long kBoundUs = 10'000;
 constexpr uid_t kNobody = 65534;
 constexpr ms kStep{30'000};
