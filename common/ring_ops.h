@@ -282,18 +282,6 @@ private:
 	uint64_t emptied_[kMaxCqBigSlots / 64] = {};  // big slots not yet freed
 };
 
-// One completion for a consumer that keeps no state of its own (the
-// daemon's tests): taken at the published head, and published at once.
-template <typename MayWrite>
-inline bool cq_pop(xsrc_cq_ring *ring, xsrc_cqe &out, MayWrite &&may_write)
-{
-	CqConsumer consumer(ring);
-	if (!consumer.take(out, may_write))
-		return false;
-	consumer.publish();
-	return true;
-}
-
 // --- receive ring ----------------------------------------------------------
 
 inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)

@@ -119,8 +119,10 @@ protected:
 	std::optional<xsrc_cqe> completion()
 	{
 		xsrc_cqe c;
-		if (!cq_pop(&arena().at<xsrc_cq_ring>(cq0_ring), c, [](uint64_t, uint32_t) { return false; }))
+		CqConsumer consumer(&arena().at<xsrc_cq_ring>(cq0_ring));
+		if (!consumer.take(c, [](uint64_t, uint32_t) { return false; }))
 			return std::nullopt;
+		consumer.publish();
 		return c;
 	}
 
