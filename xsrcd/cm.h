@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "caller.h"
+#include "neigh.h"
 #include "netdev.h"
 
 namespace xsrc {
@@ -42,6 +43,9 @@ public:
 	// The peer of a connection is gone (its id destroyed without a disconnect,
 	// its process dead): the surviving QP `qpn` of `device` goes to error.
 	virtual void cm_peer_gone(const std::string &device, uint32_t qpn) = 0;
+	// The next hop toward another host's `dst` out of netdev `ifindex`:
+	// known, or pending with its resolution started (neigh.h).
+	virtual Neighbour cm_neighbour(int ifindex, const sockaddr_storage &dst) = 0;
 };
 
 // The file side (FUSE), as the CM sees it. Called with the CM's lock held:

@@ -148,12 +148,12 @@ int cmd_bind(State &s, uint64_t channel, Caller &, std::unique_ptr<Caller> &, co
 }
 
 int resolve_common(State &s, uint64_t channel, uint32_t handle, const sockaddr_storage *src,
-		   const sockaddr_storage &dst)
+		   const sockaddr_storage &dst, uint32_t timeout_ms)
 {
 	Id *id;
 	if (int err = s.find(channel, handle, id))
 		return err;
-	return s.resolve_addr(*id, src, dst, channel_uid(s, channel));
+	return s.resolve_addr(*id, src, dst, channel_uid(s, channel), std::chrono::milliseconds(timeout_ms));
 }
 
 int cmd_resolve_ip(State &s, uint64_t channel, Caller &, std::unique_ptr<Caller> &, const Command &c)
@@ -164,7 +164,7 @@ int cmd_resolve_ip(State &s, uint64_t channel, Caller &, std::unique_ptr<Caller>
 	auto ip = [](const sockaddr_storage &a) { return a.ss_family == AF_INET || a.ss_family == AF_INET6; };
 	if ((src.ss_family && !ip(src)) || !ip(dst))
 		return refuse(EINVAL, "address family");
-	return resolve_common(s, channel, cmd.id, src.ss_family ? &src : nullptr, dst);
+	return resolve_common(s, channel, cmd.id, src.ss_family ? &src : nullptr, dst, cmd.timeout_ms);
 }
 
 int cmd_resolve_addr(State &s, uint64_t channel, Caller &, std::unique_ptr<Caller> &, const Command &c)
@@ -175,7 +175,7 @@ int cmd_resolve_addr(State &s, uint64_t channel, Caller &, std::unique_ptr<Calle
 	if (cmd.reserved || (cmd.src_size && !checked_address_size(src, cmd.src_size)) || !cmd.dst_size ||
 	    !checked_address_size(dst, cmd.dst_size))
 		return refuse(EINVAL, "address size");
-	return resolve_common(s, channel, cmd.id, cmd.src_size ? &src : nullptr, dst);
+	return resolve_common(s, channel, cmd.id, cmd.src_size ? &src : nullptr, dst, cmd.timeout_ms);
 }
 
 int cmd_resolve_route(State &s, uint64_t channel, Caller &, std::unique_ptr<Caller> &, const Command &c)

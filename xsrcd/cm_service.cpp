@@ -22,6 +22,7 @@ constexpr auto kReqTimeout = std::chrono::seconds(10);     // no REP (or REJ) fo
 constexpr auto kRepTimeout = std::chrono::seconds(10);     // no RTU for a REP
 constexpr auto kDreqTimeout = std::chrono::seconds(2);     // no DREP for a DREQ
 constexpr auto kTimewait = std::chrono::milliseconds(500); // DREP to TIMEWAIT_EXIT
+constexpr auto kNeighbourPoll = std::chrono::milliseconds(50);  // a next hop's resolution
 constexpr uint16_t kEphemeralLow = 32768, kEphemeralHigh = 60999;  // Linux's ip_local_port_range
 
 bool connected_ish(CmState s)
@@ -527,7 +528,8 @@ void State::set_route(Id &id, const Local &src, const Gid &dgid, int peer_mtu)
 	id.route.tos = id.tos.value_or(0);
 }
 
-int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_storage &dst, uid_t uid)
+int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_storage &dst, uid_t uid,
+			std::chrono::milliseconds timeout)
 {
 	if (id.state == IdState::Idle) {
 		int err = src && src->ss_family ? bind(id, *src, uid) : bind(id, any_address(dst.ss_family), uid);
@@ -587,9 +589,41 @@ int State::resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_stor
 	}
 	set_route(id, *source, *dgid, peer_mtu);
 	id.remote = remote;
+	if (remote) {
+		await_neighbour(id, source->device.netdev.ifindex, std::chrono::steady_clock::now() + timeout);
+		return 0;
+	}
 	id.state = IdState::AddrResolved;
 	queue_id_event(id, kEvAddrResolved, 0);
 	return 0;
+}
+
+void State::await_neighbour(Id &id, int ifindex, std::chrono::steady_clock::time_point deadline)
+{
+	int32_t error = 0;
+	switch (host.cm_neighbour(ifindex, id.dst)) {
+	case Neighbour::known:
+		id.state = IdState::AddrResolved;
+		queue_id_event(id, kEvAddrResolved, 0);
+		return;
+	case Neighbour::failed:
+		error = -EHOSTUNREACH;
+		break;
+	case Neighbour::pending: {
+		auto now = std::chrono::steady_clock::now();
+		if (now < deadline) {
+			auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+			arm(id, std::min<std::chrono::milliseconds>(kNeighbourPoll, left),
+			    [this, ifindex, deadline](Id &self) { await_neighbour(self, ifindex, deadline); });
+			return;
+		}
+		error = -ETIMEDOUT;
+		break;
+	}
+	}
+	// As the kernel's addr_handler: back to ADDR_BOUND, ADDR_ERROR.
+	id.state = IdState::AddrBound;
+	queue_id_event(id, kEvAddrError, error);
 }
 
 int State::resolve_route(Id &id)

@@ -202,7 +202,11 @@ public:
 
 	// Addresses and ports.
 	int bind(Id &id, const sockaddr_storage &addr, uid_t uid);
-	int resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_storage &dst, uid_t uid);
+	// Resolves toward `dst` (rdma_resolve_addr); another host's address
+	// resolves once its next hop's link-layer address is known, or ends in
+	// ADDR_ERROR (-ETIMEDOUT) after `timeout`, as the kernel's does.
+	int resolve_addr(Id &id, const sockaddr_storage *src, const sockaddr_storage &dst, uid_t uid,
+			 std::chrono::milliseconds timeout);
 	int resolve_route(Id &id);
 	int listen(Id &id, int backlog, uid_t uid);
 
@@ -233,6 +237,9 @@ public:
 
 private:
 	int take_port(Id &id, uid_t uid, bool listening);
+	// An id in AddrQuery toward another host: resolved once the neighbour
+	// is known; checked again every kNeighbourPoll until `deadline`.
+	void await_neighbour(Id &id, int ifindex, std::chrono::steady_clock::time_point deadline);
 	void release_port(Id &id);
 	int check_port(const Id &id, const std::set<uint32_t> &owners, bool reuseaddr) const;
 	void teardown(Id &id);

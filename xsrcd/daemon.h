@@ -63,6 +63,7 @@ public:
 	// The connection manager's view (CmHost).
 	std::vector<CmDevice> cm_devices() override;
 	void cm_peer_gone(const std::string &device, uint32_t qpn) override;
+	Neighbour cm_neighbour(int ifindex, const sockaddr_storage &dst) override { return neighbour_of(ifindex, dst); }
 
 	// The owner of a context exited while its command file lives on (a child
 	// holds it): its memory is gone, so its QPs go to error and peers see

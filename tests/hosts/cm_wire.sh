@@ -6,9 +6,11 @@
 #                             (SIDR), perftest ib_send_bw/ib_write_bw -R; a
 #                             capture on the bridge decodes in tshark with the
 #                             CM MADs seen and none malformed, every ICRC checks
-#   cm_wire.sh PORT refused   a port with no listener: REJECTED at once; a
-#                             peer host without xsrcd: the connect fails
-#                             within the retry budget, never hangs
+#   cm_wire.sh PORT refused   a port with no listener: REJECTED at once; an
+#                             address where no host answers ARP/ND: ADDR_ERROR
+#                             after the resolve timeout; a peer host without
+#                             xsrcd: the connect fails within the retry
+#                             budget, never hangs
 #   cm_wire.sh PORT lossy     every other CM MAD a host sends is lost and every
 #                             one that goes out arrives twice (nftables):
 #                             resends and duplicates, rping and ucmatose still
@@ -99,6 +101,23 @@ refused)
   grep -q "REJECTED" "$dir/client" || bad "rping to a port with no listener was not rejected"
   [ $took -le 5 ] || bad "rejected after $took s"
   echo "ok: no listener: rejected in $took s"
+  # An address on the link that no host answers (ARP and neighbour
+  # solicitation go unanswered): resolve_addr ends in ADDR_ERROR with
+  # -ETIMEDOUT once rping's 2 s resolve timeout runs out, as the kernel's
+  # CM ends it; no REQ is sent. Then a host that does answer still resolves.
+  for addr in 10.77.0.99 fd77::99; do
+    start=$SECONDS
+    timeout 30 "$hosts" run 2 "$XSRC" run -- rping -c -a "$addr" -p "$port" -C 1 >"$dir/client" 2>&1
+    rc=$?
+    took=$((SECONDS - start))
+    cat "$dir/client"
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "rping to $addr, where no host answers: rc $rc"
+    grep -q "RDMA_CM_EVENT_ADDR_ERROR, error -110" "$dir/client" ||
+      bad "rping to $addr, where no host answers, did not end in ADDR_ERROR -ETIMEDOUT"
+    [ $took -ge 2 ] && [ $took -le 8 ] || bad "rping to $addr: ADDR_ERROR after $took s, not after its 2 s timeout"
+    echo "ok: $addr, no host there: ADDR_ERROR in $took s"
+  done
+  "$hosts" run 2 ip neigh show | grep -E "10.77.0.99|fd77::99" || bad "no neighbour entry was made for the addresses"
   # A host without xsrcd: nobody answers the REQ; it is resent, then UNREACHABLE.
   "$hosts" run 1 "$XSRC" down >/dev/null 2>&1
   start=$SECONDS

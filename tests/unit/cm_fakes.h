@@ -54,6 +54,9 @@ public:
 		std::lock_guard lock(mu_);
 		return devices_;
 	}
+	// What the next hop toward another host is; tests set it.
+	Neighbour neighbour = Neighbour::known;
+	Neighbour cm_neighbour(int, const sockaddr_storage &) override { return neighbour; }
 	void cm_peer_gone(const std::string &device, uint32_t qpn) override
 	{
 		std::lock_guard lock(mu_);
