@@ -1,7 +1,8 @@
 #!/bin/bash
 # RC across hosts on a bad link: tc netem on both hosts' veths drops 3 % of
 # the packets, duplicates 1 % and delays them 1 ms +- 1 ms (which reorders
-# them); where the kernel has no netem, nftables drops and duplicates. ibv_rc_pingpong --chk at 256 KiB must still complete with correct
+# them); where the kernel has no netem, nftables drops, duplicates and marks
+# 3 % that an HTB class holds back behind the rest (see make_lossy). ibv_rc_pingpong --chk at 256 KiB must still complete with correct
 # data (PSN sequence NAKs and go-back-N, the local ACK timeout, duplicates
 # re-ACKed), and so must rc_wire_verbs' transfers (WRITE, READ, SEND, the
 # data checked; FetchAdd/CmpSwap with the counter exact; ATOMIC WRITE; the
@@ -37,10 +38,14 @@ run_pair() {
 }
 
 hosts_up
-# make_lossy I: host I's veth loses and duplicates what it sends. With
-# netem (the kernel's sch_netem) it also delays and reorders; a kernel
-# without it (some CI VMs) gets nftables' netdev egress hook, which drops
-# 3 % and duplicates 1 % of the RoCE packets at random but cannot delay.
+# make_lossy I: host I's veth loses, duplicates, delays and reorders what it
+# sends. With netem (the kernel's sch_netem) in one qdisc; a kernel without
+# it (some CI VMs, this one) gets nftables' netdev egress hook, which drops
+# 3 % and duplicates 1 % of the RoCE packets at random and gives another
+# 3 % the priority of a 20 Mbit/s class of an HTB qdisc (HTB takes a
+# packet's priority as its class; this kernel has neither the fw classifier
+# nor u32's mark match): they wait there (up to 64 packets, ~30 ms) while
+# the rest overtake them, so they arrive late and out of order.
 emulator=
 make_lossy() {
   local ns=$XSRC_HOSTS_PREFIX-$1 dev=$XSRC_HOSTS_PREFIX-$1
@@ -56,10 +61,24 @@ table netdev lossy {
     type filter hook egress device "$dev" priority 0;
     udp dport 4791 numgen random mod 1000 < 30 counter drop
     udp dport 4791 numgen random mod 1000 < 10 counter dup to "$dev"
+    udp dport 4791 numgen random mod 1000 < 30 meta priority set 1:20 counter
   }
 }
 NFT
-  emulator=nftables
+  tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 10 &&
+    tc -n "$ns" class add dev "$dev" parent 1: classid 1:10 htb rate 10gbit burst 1mb quantum 60000 &&
+    tc -n "$ns" class add dev "$dev" parent 1: classid 1:20 htb rate 20mbit ceil 20mbit quantum 1600 &&
+    tc -n "$ns" qdisc add dev "$dev" parent 1:20 handle 20: pfifo limit 64 || return 1
+  emulator=nftables+htb
+}
+# delayed I: packets host I's emulator held back (netem delays them all).
+delayed() {
+  local ns=$XSRC_HOSTS_PREFIX-$1
+  if [ "$emulator" = netem ]; then
+    tc -n "$ns" -s qdisc show dev "$ns" | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p' | head -1
+  else
+    tc -n "$ns" -s class show dev "$ns" classid 1:20 | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p'
+  fi
 }
 # dropped I: packets host I's emulator dropped.
 dropped() {
@@ -129,9 +148,10 @@ for prog in ib_write_bw ib_read_bw ib_send_bw; do
   fi
 done
 for i in 1 2; do
-  echo "host $i: $emulator dropped $(dropped "$i") packets"
+  echo "host $i: $emulator dropped $(dropped "$i") packets, delayed $(delayed "$i")"
   "$hosts" run "$i" "$XSRC" status
   [ "$(dropped "$i")" -gt 0 ] || bad "host $i's link dropped nothing: it was not lossy"
+  [ "$(delayed "$i")" -gt 0 ] || bad "host $i's link delayed no packet"
 done
 
 finish rc_wire_lossy
