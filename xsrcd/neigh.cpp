@@ -9,11 +9,10 @@
 #include <linux/rtnetlink.h>
 #include <netinet/in.h>
 
-#include <cerrno>
 #include <cstring>
 #include <vector>
 
-#include "common/fd.h"
+#include "rtnl.h"
 
 namespace xsrc {
 namespace {
@@ -41,34 +40,12 @@ void put_attr(Request &r, uint16_t type, const void *data, size_t len)
 // for an acknowledgement). 0, or the errno the kernel answered.
 int transact(Request &req, std::vector<unsigned char> &reply)
 {
-	unique_fd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
-	if (!fd)
-		return errno;
-	req.nh.nlmsg_seq = 1;
-	sockaddr_nl kernel{};
-	kernel.nl_family = AF_NETLINK;
-	if (::sendto(fd.get(), &req, req.nh.nlmsg_len, 0, reinterpret_cast<sockaddr *>(&kernel), sizeof(kernel)) < 0)
-		return errno;
-	alignas(nlmsghdr) unsigned char buf[8192];
-	for (;;) {
-		ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno;
-		}
-		size_t len = static_cast<size_t>(n);
-		for (auto *nh = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(nh, len); nh = NLMSG_NEXT(nh, len)) {
-			if (nh->nlmsg_seq != req.nh.nlmsg_seq)
-				continue;
-			reply.clear();
-			if (nh->nlmsg_type == NLMSG_ERROR)
-				return -static_cast<nlmsgerr *>(NLMSG_DATA(nh))->error;
-			auto *at = reinterpret_cast<unsigned char *>(nh);
-			reply.assign(at, at + nh->nlmsg_len);
-			return 0;
-		}
-	}
+	reply.clear();
+	return rtnl_exchange(req.nh, [&reply](const nlmsghdr &nh) {
+		auto *at = reinterpret_cast<const unsigned char *>(&nh);
+		reply.assign(at, at + nh.nlmsg_len);
+		return false;
+	});
 }
 
 // An address as rtnetlink carries it: its family and bytes (an IPv4-mapped

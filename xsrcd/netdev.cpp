@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "common/fd.h"
+#include "rtnl.h"
 
 namespace xsrc {
 namespace {
@@ -57,9 +58,6 @@ bool valid_ifname(const std::string &name)
 // Addresses of one ifindex from an RTM_GETADDR dump, in kernel order.
 int dump_addresses(int ifindex, std::vector<in_addr> &v4, std::vector<in6_addr> &v6)
 {
-	unique_fd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
-	if (!fd)
-		return errno;
 	struct {
 		nlmsghdr nh;
 		ifaddrmsg ifa;
@@ -67,69 +65,42 @@ int dump_addresses(int ifindex, std::vector<in_addr> &v4, std::vector<in6_addr> 
 	req.nh.nlmsg_len = sizeof(req);
 	req.nh.nlmsg_type = RTM_GETADDR;
 	req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
-	req.nh.nlmsg_seq = 1;
 	req.ifa.ifa_family = AF_UNSPEC;
-	sockaddr_nl kernel{};
-	kernel.nl_family = AF_NETLINK;
-	if (::sendto(fd.get(), &req, sizeof(req), 0, reinterpret_cast<sockaddr *>(&kernel),
-		     sizeof(kernel)) < 0)
-		return errno;
-
-	alignas(nlmsghdr) char buf[32768];
-	bool interrupted = false;
-	for (;;) {
-		ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno;
+	return rtnl_exchange(req.nh, [&](const nlmsghdr &nh) {
+		if (nh.nlmsg_type != RTM_NEWADDR)
+			return true;
+		auto *ifa = static_cast<const ifaddrmsg *>(NLMSG_DATA(&nh));
+		if (static_cast<int>(ifa->ifa_index) != ifindex)
+			return true;
+		uint32_t flags = ifa->ifa_flags;
+		const void *local = nullptr, *address = nullptr;
+		int alen = IFA_PAYLOAD(&nh);
+		for (auto *rta = IFA_RTA(ifa); RTA_OK(rta, alen); rta = RTA_NEXT(rta, alen)) {
+			if (rta->rta_type == IFA_LOCAL)
+				local = RTA_DATA(rta);
+			else if (rta->rta_type == IFA_ADDRESS)
+				address = RTA_DATA(rta);
+			else if (rta->rta_type == IFA_FLAGS)
+				std::memcpy(&flags, RTA_DATA(rta), sizeof(flags));
 		}
-		size_t len = static_cast<size_t>(n);
-		for (auto *nh = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(nh, len);
-		     nh = NLMSG_NEXT(nh, len)) {
-			if (nh->nlmsg_flags & NLM_F_DUMP_INTR)
-				interrupted = true;
-			if (nh->nlmsg_type == NLMSG_DONE)
-				return interrupted ? EAGAIN : 0;
-			if (nh->nlmsg_type == NLMSG_ERROR) {
-				auto *err = static_cast<nlmsgerr *>(NLMSG_DATA(nh));
-				return err->error ? -err->error : EPROTO;
+		// An address still in (or failed) DAD is not usable as a source yet.
+		if ((flags & IFA_F_DADFAILED) || ((flags & IFA_F_TENTATIVE) && !(flags & IFA_F_OPTIMISTIC)))
+			return true;
+		if (ifa->ifa_family == AF_INET) {
+			// IFA_LOCAL is our end; on point-to-point links IFA_ADDRESS is the peer.
+			const void *a = local ? local : address;
+			if (a) {
+				in_addr v{};
+				std::memcpy(&v, a, sizeof(v));
+				v4.push_back(v);
 			}
-			if (nh->nlmsg_type != RTM_NEWADDR)
-				continue;
-			auto *ifa = static_cast<ifaddrmsg *>(NLMSG_DATA(nh));
-			if (static_cast<int>(ifa->ifa_index) != ifindex)
-				continue;
-			uint32_t flags = ifa->ifa_flags;
-			const void *local = nullptr, *address = nullptr;
-			int alen = IFA_PAYLOAD(nh);
-			for (auto *rta = IFA_RTA(ifa); RTA_OK(rta, alen); rta = RTA_NEXT(rta, alen)) {
-				if (rta->rta_type == IFA_LOCAL)
-					local = RTA_DATA(rta);
-				else if (rta->rta_type == IFA_ADDRESS)
-					address = RTA_DATA(rta);
-				else if (rta->rta_type == IFA_FLAGS)
-					std::memcpy(&flags, RTA_DATA(rta), sizeof(flags));
-			}
-			// An address still in (or failed) DAD is not usable as a source yet.
-			if ((flags & IFA_F_DADFAILED) ||
-			    ((flags & IFA_F_TENTATIVE) && !(flags & IFA_F_OPTIMISTIC)))
-				continue;
-			if (ifa->ifa_family == AF_INET) {
-				// IFA_LOCAL is our end; on point-to-point links IFA_ADDRESS is the peer.
-				const void *a = local ? local : address;
-				if (a) {
-					in_addr v{};
-					std::memcpy(&v, a, sizeof(v));
-					v4.push_back(v);
-				}
-			} else if (ifa->ifa_family == AF_INET6 && address) {
-				in6_addr v{};
-				std::memcpy(&v, address, sizeof(v));
-				v6.push_back(v);
-			}
+		} else if (ifa->ifa_family == AF_INET6 && address) {
+			in6_addr v{};
+			std::memcpy(&v, address, sizeof(v));
+			v6.push_back(v);
 		}
-	}
+		return true;
+	});
 }
 
 bool is_link_local(const in6_addr &a)
