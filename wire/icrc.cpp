@@ -1,7 +1,8 @@
-// The RoCE v2 invariant CRC (IBTA Annex A17.3.3): zlib's CRC-32 over a
+// The RoCE v2 invariant CRC (IBTA Annex A17.3.3): the Ethernet CRC-32
+// (reflected, as gzip and zlib compute it; ISA-L's crc32_gzip_refl) over a
 // pseudo header of 8 bytes of ones, the IP/UDP/BTH headers with the fields
 // routers may change set to ones, and the rest of the packet.
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <cstring>
 
@@ -15,7 +16,7 @@ constexpr size_t kMaskedMax = kIpv6Bytes + kUdpBytes + kBthBytes;
 
 uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n)
 {
-	return static_cast<uint32_t>(crc32(crc, p, static_cast<uInt>(n)));
+	return crc32_gzip_refl(crc, p, static_cast<uint64_t>(n));
 }
 
 }  // namespace
