@@ -105,19 +105,40 @@ Daemon::~Daemon()
 void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 {
 	int err = 0;
+	// The daemon's lock is taken at the batch's first packet and held to its
+	// end, so that payloads may wait for one another (WirePending) with no
+	// command in between; it is let go, what waits landed, at the end and
+	// before a CM MAD (the cm takes its own lock, then ours).
+	struct Batch {
+		std::unique_lock<std::mutex> lock;
+	};
+	auto batch = std::make_shared<Batch>();
+	auto finish = [this, name, batch] {
+		if (!batch->lock)
+			return;
+		if (Device *dev = find_device_locked(name)) {
+			wire_flush(*dev);
+			dev->wire_pending.open = false;
+		}
+		batch->lock = {};
+	};
 	auto receiver = WireReceiver::start(
 		ifindex,
-		[this, name, ifindex](std::span<const uint8_t> packet) {
-			// CM MADs go to the cm, which takes its own lock (and ours after it).
+		[this, name, ifindex, batch, finish](std::span<const uint8_t> packet) {
 			if (gsi_hook_ && is_gsi_packet(packet)) {
+				finish();
 				gsi_hook_(ifindex, packet);
 				return WireOutcome::delivered;
 			}
-			auto lock = this->lock();
+			if (!batch->lock)
+				batch->lock = this->lock();
 			Device *dev = find_device_locked(name);
-			return dev ? wire_deliver(*dev, packet) : WireOutcome::dropped;
+			if (!dev)
+				return WireOutcome::dropped;
+			dev->wire_pending.open = true;
+			return wire_deliver(*dev, packet);
 		},
-		err);
+		err, finish);
 	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
 	// works on this host alone; `xsrc status` says so.
 	std::lock_guard guard(wire_mu_);

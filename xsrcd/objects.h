@@ -183,6 +183,7 @@ struct XrcTgtQp {
 // gets a new receive PSN or goes back to RESET.
 struct WireResponderState {
 	uint32_t epsn = 0;           // the PSN expected next
+	bool write_failed = false;   // payload placed with a batch did not land (WirePending)
 	uint32_t msn = 0;            // messages completed (AETH)
 	bool nak_sent = false;       // RC: a sequence NAK is out for epsn
 	bool discarding = false;     // UC: a packet was lost, up to the next FIRST/ONLY
@@ -351,6 +352,20 @@ private:
 	uint32_t used_ = 0;
 };
 
+// Payloads of middle packets from the wire (SEND and RDMA WRITE FIRST or
+// MIDDLE without AckReq: they complete and acknowledge nothing) that land
+// together, with one process_vm_writev for a run of them into one QP's
+// owner, rather than one system call per packet (wire_deliver.cpp). Open
+// only while the wire receiver holds the daemon's lock over a batch of
+// packets: the payloads are its buffers, and no command can change an MR,
+// a QP or a process in between.
+struct WirePending {
+	bool open = false;
+	WireResponderState *st = nullptr;  // whose payloads wait (nullptr: none)
+	pid_t pid = 0;
+	std::vector<iovec> local, remote;
+};
+
 struct Device {
 	std::string name;
 	unsigned uverbs_index = 0;
@@ -361,6 +376,7 @@ struct Device {
 	DeviceView view;
 	std::vector<Context *> contexts;
 	std::unique_ptr<Arena> arena;  // created with the device, removed with it
+	WirePending wire_pending;
 
 	uint32_t next_mr_index = 1;
 	uint8_t key_salt = 0;

@@ -480,12 +480,49 @@ ibv_wc_status receive_slice(Device &dev, Context &owner, PdId pd, const RecvWqe 
 	return IBV_WC_SUCCESS;
 }
 
+// A packet whose payload may wait in dev.wire_pending: a SEND or RDMA
+// WRITE FIRST or MIDDLE without AckReq, which completes nothing and asks
+// for no acknowledgement (what comes after it in its QP's stream does; so
+// does every other packet, and each of those lands the waiting payloads
+// first).
+bool deferrable(const Packet &pk)
+{
+	auto transport = static_cast<w::Transport>(pk.bth.opcode & 0xE0);
+	uint8_t o = pk.bth.opcode & 0x1F;
+	return (transport == w::Transport::rc || transport == w::Transport::uc || transport == w::Transport::xrc) &&
+	       !pk.bth.ack_req && (o == op::kSendFirst || o == op::kSendMiddle || o == op::kWriteFirst || o == op::kWriteMiddle);
+}
+
 bool write_owner(Context &owner, std::span<const uint8_t> bytes, const iovec *remote, size_t nremote)
 {
 	if (bytes.empty())
 		return true;
 	iovec local{const_cast<uint8_t *>(bytes.data()), bytes.size()};
 	return process_vm_writev(owner.owner, &local, 1, remote, nremote, 0) == static_cast<ssize_t>(bytes.size());
+}
+
+// Places a request's payload in the QP owner's memory: now, or with the
+// batch (deferrable packets while dev.wire_pending is open).
+bool place(Device &dev, Context &owner, WireResponderState &st, const Packet &pk, const iovec *remote, size_t nremote)
+{
+	WirePending &p = dev.wire_pending;
+	if (!p.open || !deferrable(pk))
+		return write_owner(owner, pk.payload, remote, nremote);
+	constexpr size_t kMaxIov = 256;  // well under IOV_MAX
+	if (p.st && (p.st != &st || p.pid != owner.owner || p.local.size() >= kMaxIov ||
+		     p.remote.size() + nremote > kMaxIov))
+		wire_flush(dev);
+	p.st = &st;
+	p.pid = owner.owner;
+	p.local.push_back({const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()});
+	for (size_t i = 0; i < nremote; ++i) {
+		if (!p.remote.empty() && static_cast<uint8_t *>(p.remote.back().iov_base) + p.remote.back().iov_len ==
+						 remote[i].iov_base)
+			p.remote.back().iov_len += remote[i].iov_len;  // adjacent: one range
+		else
+			p.remote.push_back(remote[i]);
+	}
+	return true;
 }
 
 xsrc_cqe receive_cqe(const Qp &qp, const RecvWqe &rwqe, ibv_wc_status status)
@@ -556,7 +593,7 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t n = 0;
 	ibv_wc_status status = receive_slice(dev, owner, side->pd, st.receive, st.offset, pk.payload.size(), remote, n);
-	if (status == IBV_WC_SUCCESS && !write_owner(owner, pk.payload, remote.data(), n))
+	if (status == IBV_WC_SUCCESS && !place(dev, owner, st, pk, remote.data(), n))
 		status = IBV_WC_LOC_PROT_ERR;
 	if (status != IBV_WC_SUCCESS) {
 		st.in_send = st.have_receive = false;
@@ -624,7 +661,7 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 			return Step::rnr;
 	}
 	iovec remote{reinterpret_cast<void *>(st.write_va), pk.payload.size()};
-	if (!write_owner(owner, pk.payload, &remote, 1)) {
+	if (!place(dev, owner, st, pk, &remote, 1)) {
 		st.in_write = false;
 		return Step::nak_access;
 	}
@@ -877,6 +914,14 @@ uint8_t nak_syndrome(Step s)
 
 WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
+	if (st.write_failed) {
+		// A payload placed with its batch did not land (its memory went):
+		// a remote access error, as if found when its packet came.
+		st.write_failed = false;
+		send_aeth(dev, pk, qp, w::aeth::kNakRemoteAccess, pk.bth.psn, st.msn);
+		qp_enter_error(owner, qp);
+		return WireOutcome::dropped;
+	}
 	uint32_t d = psn_diff(pk.bth.psn, st.epsn);
 	if (d != 0) {
 		if (d >= kPsnHalf) {
@@ -922,6 +967,11 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 WireOutcome respond_uc(Device &dev, Context &owner, Qp &qp, WireResponderState &st, const Packet &pk)
 {
 	uint8_t o = pk.bth.opcode & 0x1F;
+	if (st.write_failed) {  // the message under way lost bytes: dropped whole
+		st.write_failed = false;
+		st.in_send = st.in_write = false;
+		st.discarding = true;
+	}
 	if (pk.bth.psn != st.epsn) {
 		// A lost packet: the message under way is dropped (its receive is
 		// kept for the next one), and so is all up to the next FIRST/ONLY.
@@ -1019,9 +1069,27 @@ bool is_response(uint8_t opcode)
 
 }  // namespace
 
+void wire_flush(Device &dev)
+{
+	WirePending &p = dev.wire_pending;
+	if (!p.st)
+		return;
+	size_t want = 0;
+	for (const iovec &v : p.local)
+		want += v.iov_len;
+	ssize_t moved = process_vm_writev(p.pid, p.local.data(), p.local.size(), p.remote.data(), p.remote.size(), 0);
+	if (moved != static_cast<ssize_t>(want))
+		p.st->write_failed = true;
+	p.st = nullptr;
+	p.local.clear();
+	p.remote.clear();
+}
+
 WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)
 {
 	std::optional<Packet> pk = parse(ip_packet);
+	if (!pk || !deferrable(*pk))
+		wire_flush(dev);  // what waits lands before anything else happens
 	if (pk && w::gid_is_multicast(pk->dgid))
 		return deliver_multicast(dev, *pk);
 	if (!pk || !device_has_gid(dev, pk->dgid))

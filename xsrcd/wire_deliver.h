@@ -16,6 +16,13 @@ namespace xsrc {
 // Called under the daemon's lock. `ip_packet`: IP header .. ICRC. UD is
 // delivered, RC/UC requests executed (and answered), RC responses handed
 // to the requester's context.
+// With dev.wire_pending open, a middle packet's payload may wait there.
 WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet);
+
+// Lands the payloads waiting in dev.wire_pending (under the daemon's lock,
+// before the packets' buffers are reused or the lock is let go). A run that
+// does not land whole leaves its QP's responder to NAK the next packet with
+// a remote access error.
+void wire_flush(Device &dev);
 
 }  // namespace xsrc

@@ -94,10 +94,11 @@ struct WireReceiver::Impl {
 	std::thread thread;
 };
 
-std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err)
+std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end)
 {
 	std::unique_ptr<WireReceiver> r(new WireReceiver);
 	r->deliver_ = std::move(deliver);
+	r->batch_end_ = std::move(batch_end);
 	r->impl_ = std::make_unique<Impl>();
 	Impl &impl = *r->impl_;
 	// Protocol 0 takes no packet until bind(), after the filter is attached:
@@ -175,6 +176,8 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 						continue;
 					self->handle({bufs.data() + k * kMaxPacket, msgs[k].msg_len});
 				}
+				if (self->batch_end_)
+					self->batch_end_();
 				if (n < static_cast<int>(kBatch))
 					break;
 			}

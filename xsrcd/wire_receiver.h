@@ -28,9 +28,12 @@ class WireReceiver {
 public:
 	// Called with the IP packet (IP header .. ICRC) of each packet whose ICRC checked.
 	using Deliver = std::function<WireOutcome(std::span<const uint8_t> ip_packet)>;
+	// Called after each batch of packets taken in at once, before their
+	// buffers are reused (the deliverer may hold on to them until then).
+	using BatchEnd = std::function<void()>;
 	// Opens the sockets on netdev `ifindex` and starts the thread. Returns
 	// null with `err` set when a socket cannot be made (no CAP_NET_RAW).
-	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err);
+	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end = {});
 	~WireReceiver();  // stops and joins the thread
 	WireReceiver(const WireReceiver &) = delete;
 	WireReceiver &operator=(const WireReceiver &) = delete;
@@ -44,6 +47,7 @@ private:
 	struct Impl;
 	std::unique_ptr<Impl> impl_;
 	Deliver deliver_;
+	BatchEnd batch_end_;
 	WireCounters counters_;
 };
 

@@ -9,7 +9,11 @@
 // the responder's QP (the completion names the rkey; a WRITE through the
 // window then fails with IBV_WC_REM_ACCESS_ERR),
 // and the errors: an rkey the responder does not know (IBV_WC_REM_ACCESS_ERR,
-// both QPs in ERR, the next request flushed), a write past the MR's end, an
+// both QPs in ERR, the next request flushed), a write past the MR's end, a
+// 1 MiB write whose middle packets meet a hole in the responder's ODP MR
+// (those payloads land in batches, xsrcd/wire_deliver.cpp: the hole must
+// still be IBV_WC_REM_ACCESS_ERR with both QPs in ERR, and the bytes before
+// it in place), an
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
 // late receive ends. The two sides talk over TCP; each scenario gets a fresh
 // QP pair.
@@ -21,6 +25,7 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netdb.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -453,6 +458,56 @@ void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, co
 	std::printf("ok: %s: IBV_WC_REM_ACCESS_ERR, the next flushed, both QPs in ERR\n", what);
 }
 
+// A 1 MiB WRITE into the server's ODP MR with 16 KiB unmapped in its
+// middle: refused when its packets reach the hole, never completed.
+void client_write_hole(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	peer = recv_msg<Endpoint>(fd);
+	for (size_t i = 0; i < peer.length; ++i)
+		s.buf[i] = static_cast<uint8_t>(i * 13 + 5);
+	check(post_send(s, IBV_WR_RDMA_WRITE, peer.length, peer.addr, peer.rkey, 0, 9) == 0, "post WRITE into a hole");
+	ibv_wc wc = one(s, 60s);
+	check(wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 9,
+	      "WRITE into a hole of the responder's MR: want IBV_WC_REM_ACCESS_ERR, got " + status_text(wc));
+	check(h::qp_state(s.qp) == IBV_QPS_ERR, "WRITE into a hole: requester QP not in ERR");
+	send_msg(fd, uint32_t(1));
+	check(recv_msg<uint32_t>(fd) == 1, "WRITE into a hole: responder QP not in ERR");
+	check(recv_msg<uint32_t>(fd) == 1, "WRITE into a hole: the bytes before the hole did not land");
+	std::printf("ok: WRITE of 1 MiB into a hole of an ODP MR: IBV_WC_REM_ACCESS_ERR, both QPs in ERR\n");
+}
+
+void server_write_hole(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index});
+	// The hole lies between the packets that ask for an ACK (every 64th), so
+	// only payloads that wait for their batch meet it.
+	constexpr size_t kLen = 1u << 20, kHoleAt = (512u + 8u) << 10, kHole = 16u << 10;
+	void *mem = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	check(mem != MAP_FAILED, "mmap 1 MiB");
+	auto *base = static_cast<uint8_t *>(mem);
+	ibv_mr *mr = mem != MAP_FAILED ? ibv_reg_mr(s.pd, mem, kLen,
+						    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+							    IBV_ACCESS_ON_DEMAND)
+				       : nullptr;
+	check(mr != nullptr, "register an ODP MR");
+	if (mr)
+		check(munmap(base + kHoleAt, kHole) == 0, "unmap the middle of the MR");
+	send_msg(fd, Endpoint{s.qp->qp_num, {}, reinterpret_cast<uintptr_t>(mem), mr ? mr->rkey : 0, uint32_t(kLen)});
+	(void)recv_msg<uint32_t>(fd);
+	send_msg(fd, uint32_t(h::qp_state(s.qp) == IBV_QPS_ERR));
+	bool landed = mr != nullptr;
+	for (size_t i = 0; landed && i < 4096; ++i)  // the first packets came before the hole
+		landed = base[i] == static_cast<uint8_t>(i * 13 + 5);
+	send_msg(fd, uint32_t(landed));
+	if (mr)
+		ibv_dereg_mr(mr);
+	if (mem != MAP_FAILED) {
+		munmap(base, kHoleAt);
+		munmap(base + kHoleAt + kHole, kLen - kHoleAt - kHole);
+	}
+}
+
 // SEND with Invalidate naming the responder's type 2 window: the message
 // lands and invalidates it; a WRITE through the window is then refused.
 void client_send_with_invalidate(Side &s, int fd)
@@ -800,6 +855,7 @@ int main(int argc, char **argv)
 		if (!data_only) {
 			client_access_error(s, fd, 1, 0, "unknown rkey");
 			client_access_error(s, fd, 0, 1, "write past the MR");
+			client_write_hole(s, fd);
 			client_send_with_invalidate(s, fd);
 			client_rnr(s, fd, 2, false);
 			client_rnr(s, fd, 7, true);
@@ -811,6 +867,7 @@ int main(int argc, char **argv)
 		if (!data_only) {
 			server_access_error(s, fd);
 			server_access_error(s, fd);
+			server_write_hole(s, fd);
 			server_send_with_invalidate(s, fd);
 			server_rnr(s, fd, false);
 			server_rnr(s, fd, true);
