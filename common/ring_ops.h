@@ -5,11 +5,13 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <xsrc-abi.h>
 #include <xsrc-queues.h>
 
 #include <sched.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -117,6 +119,19 @@ inline void cq_big_release(xsrc_cq_ring *ring, uint32_t slot)
 // side is a peer process of the device that makes progress).
 inline constexpr unsigned kUnboundedTries = ~0u;
 
+// The consumer publishes its head lazily (CqConsumer::publish): a head that
+// says the CQ is full may be stale. The completion `cqe` places before
+// `pos` tells the truth: once the consumer took it (its slot is free for the
+// next lap), fewer than `cqe` completions are outstanding.
+inline bool cq_room_behind_head(xsrc_cq_ring *ring, uint64_t pos)
+{
+	if (pos < ring->cqe)
+		return true;
+	uint64_t oldest = pos - ring->cqe;
+	uint64_t seq = atomic(cq_slot(ring, oldest)->seq).load(std::memory_order_acquire);
+	return static_cast<int64_t>(seq - oldest) >= static_cast<int64_t>(ring->num_entries);
+}
+
 // Appends a completion. False when the CQ is full (an overrun), or after
 // `max_tries` lost races (the daemon bounds them: a process could forge the
 // ring's sequence numbers to keep it looping); a big slot the completion
@@ -137,8 +152,15 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 				pos = tail.load(std::memory_order_relaxed);  // ours is stale
 				continue;
 			}
+#if XSRC_DRIVER_ABI_REVISION >= 10
+			if (pos - head >= ring->cqe && !cq_room_behind_head(ring, pos))
+				break;
+#else
+			// A provider built against older headers trusts the head,
+			// as one of that revision did (the compat tests).
 			if (pos - head >= ring->cqe)
 				break;
+#endif
 			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
 				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
 					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
@@ -157,6 +179,27 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 	if (cqe.flags & XSRC_CQE_DEFERRED_BIG)
 		cq_big_release(ring, cqe.big_slot);
 	return false;
+}
+
+// The consumer's position as the ring's slots tell it (the consumer frees
+// each slot it takes for the next lap, in order): what a head published
+// lazily lags behind. Raises `head` to it, never past `tail`; the daemon's
+// when the first context that trusts heads arrives (xsrc-queues.h).
+inline void cq_catch_up_head(xsrc_cq_ring *ring)
+{
+	const uint64_t n = ring->num_entries;
+	auto head = atomic(ring->head);
+	__u64 seen = head.load(std::memory_order_acquire);
+	const uint64_t tail = atomic(ring->tail).load(std::memory_order_acquire);
+	__u64 taken = seen;
+	for (uint64_t i = 0; i < n; ++i) {
+		uint64_t seq = atomic(cq_slot(ring, i)->seq).load(std::memory_order_acquire);
+		// Free for position seq (seq == i mod n): position seq - n was taken.
+		if ((seq - i) % n == 0 && seq >= n && seq - n + 1 > taken && seq - n + 1 <= tail)
+			taken = seq - n + 1;
+	}
+	while (seen < taken && !head.compare_exchange_weak(seen, taken, std::memory_order_acq_rel))
+		;
 }
 
 // After cq_push() failed for want of room: true the first time, when the
@@ -186,19 +229,22 @@ inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
 // read once (the header shares a cache line with `tail`, which every
 // producer writes; the shape is the daemon's and never changes while the
 // ring lives), its position, and what it has yet to tell the producers — how
-// far it got, and which big slots it emptied — told once per poll
-// (publish()), as an HCA's provider writes its consumer index once per poll
-// rather than once per completion.
+// far it got, and which big slots it emptied — told at the end of a poll
+// (publish()) at most, and lazily where revision 10 allows it: as an HCA's
+// provider writes its consumer index now and then, not per completion.
 class CqConsumer {
 public:
 	CqConsumer() = default;
 
-	// Consumes `ring` from its head on.
-	explicit CqConsumer(xsrc_cq_ring *ring)
+	// Consumes `ring` from its head on. With `eager_heads` (the arena
+	// header's count, revision 10) the head is published lazily while that
+	// count is 0; without it at every publish().
+	explicit CqConsumer(xsrc_cq_ring *ring, const uint32_t *eager_heads = nullptr)
 		: ring_(ring), slots_(cq_slot(ring, 0)), payload_(cq_payload(ring, 0)),
 		  num_entries_(ring->num_entries), payload_stride_(ring->payload_stride),
 		  big_slots_(ring->big_slots), big_stride_(ring->big_stride),
-		  pos_(atomic(ring->head).load(std::memory_order_acquire)), published_(pos_)
+		  pos_(atomic(ring->head).load(std::memory_order_acquire)), published_(pos_),
+		  eager_heads_(eager_heads), lazy_(std::max<uint32_t>(ring->cqe / 2, 1))
 	{
 		if (big_slots_) {
 			big_busy_ = cq_big_busy(ring);
@@ -241,8 +287,11 @@ public:
 				out.status = IBV_WC_LOC_PROT_ERR;
 				out.byte_len = 0;
 			}
-			if (known)
+			if (known) {
 				emptied_[out.big_slot / 64] |= uint64_t(1) << (out.big_slot % 64);
+				++emptied_count_;
+				emptied_bytes_ += out.byte_len;
+			}
 		}
 		// The entry is the producers' again one lap on.
 		atomic(slot->seq).store(pos_ + num_entries_, std::memory_order_release);
@@ -252,19 +301,39 @@ public:
 
 	// Tells the producers what the takes since the last publish() freed:
 	// they count free entries from the head, and claim free big slots.
-	void publish()
+	// Unless `now`, both go lazily: every line of the ring's header that
+	// the consumer writes is a line every producer must fetch back. The
+	// head (only with eager_heads, see xsrc-queues.h) once cqe / 2
+	// completions were taken; emptied big slots once a quarter of the pool
+	// is, or once they held 8 KiB (a producer that finds none free moves
+	// the bytes itself; one that cycles through more bytes of slots than
+	// that, measured with 4 KiB SENDs, loses more to cache misses than the
+	// shared busy word costs).
+	void publish(bool now = false)
 	{
-		for (uint32_t w = 0; w < kMaxCqBigSlots / 64; ++w) {
-			if (emptied_[w]) {
-				// Release: our copies out of the slots come first.
-				atomic(big_busy_[w]).fetch_and(~emptied_[w], std::memory_order_release);
-				emptied_[w] = 0;
+		constexpr uint64_t kReleaseBytes = 8192;
+		if (emptied_count_ && (now || emptied_count_ >= big_slots_ / 4 || emptied_bytes_ >= kReleaseBytes)) {
+			for (uint32_t w = 0; w < kMaxCqBigSlots / 64; ++w) {
+				if (emptied_[w]) {
+					// Release: our copies out of the slots come first.
+					atomic(big_busy_[w]).fetch_and(~emptied_[w], std::memory_order_release);
+					emptied_[w] = 0;
+				}
 			}
+			emptied_count_ = 0;
+			emptied_bytes_ = 0;
 		}
-		if (pos_ != published_) {
-			atomic(ring_->head).store(pos_, std::memory_order_release);
-			published_ = pos_;
+		if (pos_ == published_)
+			return;
+		if (!now && eager_heads_ && pos_ - published_ < lazy_) {
+			// Our freed slots, then the count; the daemon raises the
+			// count, then reads the slots: one of us sees the other.
+			std::atomic_thread_fence(std::memory_order_seq_cst);
+			if (atomic(*const_cast<uint32_t *>(eager_heads_)).load(std::memory_order_relaxed) == 0)
+				return;
 		}
+		atomic(ring_->head).store(pos_, std::memory_order_release);
+		published_ = pos_;
 	}
 
 private:
@@ -279,6 +348,10 @@ private:
 	unsigned char *big_ = nullptr;  // big slot 0
 	uint64_t pos_ = 0;
 	uint64_t published_ = 0;                     // the head the producers see
+	const uint32_t *eager_heads_ = nullptr;      // null: the head goes out at every publish()
+	uint32_t lazy_ = 1;                          // else after this many takes
+	uint32_t emptied_count_ = 0;                 // big slots in emptied_
+	uint64_t emptied_bytes_ = 0;                 // the payload bytes they held
 	uint64_t emptied_[kMaxCqBigSlots / 64] = {};  // big slots not yet freed
 };
 

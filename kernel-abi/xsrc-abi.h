@@ -48,8 +48,10 @@
  * tag a matched completion carries (XSRC_CQE_TM_INFO).
  * Revision 8 added RC and UC on the wire: XSRC_CMD_WIRE_RESPONSES.
  * Revision 9 checks a device copy into a receive against the receive
- * posted: XSRC_CMD_RECV_SHADOW, struct xsrc_copy_recv. */
-#define XSRC_DRIVER_ABI_REVISION 9
+ * posted: XSRC_CMD_RECV_SHADOW, struct xsrc_copy_recv.
+ * Revision 10 lets a CQ's consumer publish its head lazily: the arena
+ * header's eager_heads and xsrc_get_context_resp::cq_head_mode. */
+#define XSRC_DRIVER_ABI_REVISION 10
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6
@@ -112,6 +114,17 @@ struct xsrc_get_context_resp {
 	__u32 caller_uid;       /* the caller's uid as the device sees it */
 	__u32 caps;             /* enum xsrc_device_caps */
 	__u32 reserved;         /* 0 */
+	/* r10: a caller that gives room for these fields reads a CQ ring's head
+	 * as a lower bound (xsrc-queues.h, xsrc_cq_ring); a daemon counts every
+	 * other context in the arena header's eager_heads. */
+	__u32 cq_head_mode;     /* enum xsrc_cq_head_mode */
+	__u32 reserved2;        /* 0 */
+};
+
+/* xsrc_get_context_resp::cq_head_mode (r10) */
+enum xsrc_cq_head_mode {
+	XSRC_CQ_HEAD_EXACT = 0, /* publish the head at every poll (what older daemons mean) */
+	XSRC_CQ_HEAD_LAZY = 1,  /* publish it lazily while the arena's eager_heads is 0 */
 };
 
 /* Appended to struct ib_uverbs_create_cq_resp / ib_uverbs_ex_create_cq_resp

@@ -56,7 +56,8 @@
 struct xsrc_arena_header {
 	__u64 magic;
 	__u32 version;
-	__u32 reserved;
+	__u32 eager_heads;       /* r10 (was reserved, always 0 before); atomic: the open contexts
+				  * whose provider reads a CQ ring's head as exact (see xsrc_cq_ring) */
 	__u64 size;
 	__u64 qp_table_off;      /* struct xsrc_qp_entry[XSRC_QP_TABLE_LEN] */
 	__u64 mr_table_off;      /* struct xsrc_mr_entry[XSRC_MR_TABLE_LEN] */
@@ -161,6 +162,20 @@ struct xsrc_srq_entry {
  * when slot.seq == tail, fills it and publishes seq = tail + 1 (release); the
  * consumer takes slot `head` when seq == head + 1 and frees it with
  * seq = head + num_entries.
+ */
+/*
+ * Revision 10: the head may lag. A consumer whose daemon answered
+ * XSRC_CQ_HEAD_LAZY publishes `head` only every so often (at least every
+ * cqe / 2 completions) while the arena header's eager_heads is 0, so that the
+ * line producers write stays theirs. A producer of revision 10 that finds
+ * tail - head >= cqe looks at the slot of position tail - cqe: if the
+ * consumer took it (its seq is position + num_entries or more), the CQ has
+ * room. A provider of revision 1 to 9 trusts head; the daemon counts its
+ * contexts in eager_heads, and while that is not 0 every consumer publishes
+ * head at every poll. When the count leaves 0 the daemon first brings every
+ * ring's head up to the slots' truth (consumers: store the freed slots, a
+ * full fence, then read eager_heads; the daemon: raise eager_heads, a full
+ * fence, then read the slots).
  */
 struct xsrc_cq_ring {
 	__u32 num_entries;    /* power of two, >= cqe + 1 */

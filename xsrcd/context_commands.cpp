@@ -4,8 +4,13 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+
+#include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
 #include "device.h"
+#include "rings.h"
 #include "xsrc-abi.h"
 
 namespace xsrc {
@@ -46,8 +51,11 @@ int take_pipe(Caller &caller, const xsrc_fd_pair &fds, unique_fd &wr, unique_fd 
 // zero-fills the rest of the caller's room, as an r1 daemon did.)
 std::span<const std::byte> get_context_resp_bytes(const Context &ctx, xsrc_get_context_resp &dresp)
 {
-	if (abi_revision(ctx) >= 2)
+	if (abi_revision(ctx) >= 10)
 		return as_bytes_of(dresp);
+	dresp.cq_head_mode = XSRC_CQ_HEAD_EXACT;
+	if (abi_revision(ctx) >= 2)
+		return as_bytes_of(dresp).first(offsetof(xsrc_get_context_resp, cq_head_mode));
 	dresp.comp_mask &= ~static_cast<uint32_t>(XSRC_GET_CONTEXT_RESP_MASK_CALLER);
 	return as_bytes_of(dresp).first(offsetof(xsrc_get_context_resp, caller_pid));
 }
@@ -66,7 +74,44 @@ xsrc_get_context_resp context_resp(const Context &ctx, const Caller &caller)
 	dresp.caller_pid = static_cast<uint32_t>(caller.pid());
 	dresp.caller_uid = static_cast<uint32_t>(ctx.uid);
 	dresp.caps = XSRC_CAP_COPY;
+	dresp.cq_head_mode = XSRC_CQ_HEAD_LAZY;  // r10
 	return dresp;
+}
+
+// Does the provider behind a GET_CONTEXT or IMPORT_CONTEXT check a CQ that
+// looks full against its slots (r10)? It says so by the room it gives for
+// the driver response: an older one has none for cq_head_mode.
+bool reads_lazy_cq_heads(const Context &ctx, size_t driver_resp_room)
+{
+	return abi_revision(ctx) >= 10 && driver_resp_room >= sizeof(xsrc_get_context_resp);
+}
+
+// A context whose provider trusts CQ heads: counted in the arena header
+// (every consumer then publishes its head at every poll), and when the
+// count leaves 0 every ring's head is first brought up to what its slots
+// say (xsrc-queues.h, xsrc_cq_ring).
+void count_eager_cq_heads(Context &ctx)
+{
+	if (ctx.eager_cq_heads || !ctx.device || !ctx.device->arena)
+		return;
+	ctx.eager_cq_heads = true;
+	Arena &arena = *ctx.device->arena;
+	if (atomic(arena.at<xsrc_arena_header>(0).eager_heads).fetch_add(1, std::memory_order_seq_cst) != 0)
+		return;
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	auto catch_up = [&arena](uint64_t off) {
+		auto &ring = arena.at<xsrc_cq_ring>(off);
+		if (cq_ring_fits(arena, off, ring))
+			cq_catch_up_head(&ring);
+	};
+	for (Context *c : ctx.device->contexts) {
+		for (auto &entry : c->objects) {
+			if (auto *cq = std::get_if<Cq>(&entry.second)) {
+				catch_up(cq->ring_off);
+				std::for_each(cq->retired_rings.begin(), cq->retired_rings.end(), catch_up);
+			}
+		}
+	}
 }
 
 // A private command's comp_mask (none defined), reserved word and driver
@@ -113,6 +158,9 @@ int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 	dresp.channel_pool_free = static_cast<uint32_t>(pool.size());
 	if (int err = respond(caller, req, as_bytes_of(resp), get_context_resp_bytes(ctx, dresp)))
 		return err;
+	size_t core_room = sizeof(resp);
+	if (!reads_lazy_cq_heads(ctx, req.resp_len > core_room ? req.resp_len - core_room : 0))
+		count_eager_cq_heads(ctx);
 
 	ctx.async_wr = std::move(async_wr);
 	ctx.async_rd = std::move(async_rd);
@@ -128,7 +176,8 @@ int cmd_import_context(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<xsrc_import_context>(req.core);
 	if (int err = check_private_command(cmd.comp_mask, cmd.reserved, req))
 		return err;
-	if (req.resp_len < sizeof(xsrc_get_context_resp))
+	// The response as revision 6 knew it; cq_head_mode (r10) is optional.
+	if (req.resp_len < offsetof(xsrc_get_context_resp, cq_head_mode))
 		return refuse(ENOSPC, "no room for the response");
 	// Checked as GET_CONTEXT checks its pipe; the caller keeps both ends
 	// (it raises its own DEVICE_FATAL there), so our copies go again.
@@ -136,8 +185,11 @@ int cmd_import_context(Context &ctx, Caller &caller, const Request &req)
 	if (int err = take_pipe(caller, cmd.async_fds, wr, &rd))
 		return err;
 	xsrc_get_context_resp dresp = context_resp(ctx, caller);
-	if (int err = respond(caller, req, as_bytes_of(dresp)))
+	if (int err = respond(caller, req, get_context_resp_bytes(ctx, dresp)))
 		return err;
+	// The importer may run another provider than the context's creator.
+	if (!reads_lazy_cq_heads(ctx, req.resp_len))
+		count_eager_cq_heads(ctx);
 	ctx.import_async = Context::ImportedAsync{caller.pid(), static_cast<int>(cmd.async_fds.rd_fd)};
 	ctx.imported = true;
 	return 0;

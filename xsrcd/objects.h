@@ -300,6 +300,7 @@ struct Context {
 	uid_t uid = 0;
 	std::unique_ptr<ProcessCaller> caller;
 	bool initialised = false;   // GET_CONTEXT done
+	bool eager_cq_heads = false; // counted in the arena header's eager_heads (r10)
 	unique_fd async_wr;
 	unique_fd async_rd;            // to take back unread events of a destroyed object
 	uint64_t async_events_dropped = 0;

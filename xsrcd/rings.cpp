@@ -74,6 +74,20 @@ uint64_t cq_ring_pending(xsrc_cq_ring &ring)
 	return load_acquire(ring.tail) - load_acquire(ring.head);
 }
 
+bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &r)
+{
+	uint64_t n = r.num_entries;
+	return n && (n & (n - 1)) == 0 &&
+	       sizeof(r) + n * (sizeof(xsrc_cqe) + uint64_t(r.payload_stride)) <= arena.allocation_bytes(off);
+}
+
+bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &r)
+{
+	uint64_t n = r.num_entries;
+	return n && (n & (n - 1)) == 0 && r.stride >= sizeof(xsrc_recv_wqe) &&
+	       sizeof(r) + n * r.stride <= arena.allocation_bytes(off);
+}
+
 uint32_t recv_ring_entries(uint32_t max_wr)
 {
 	// Twice what is posted at most: a consumer that claimed a slot and was

@@ -12,6 +12,8 @@
 
 namespace xsrc {
 
+class Arena;
+
 // Smallest power of two >= v (v >= 1).
 uint64_t pow2_at_least(uint64_t v);
 
@@ -25,8 +27,13 @@ uint64_t cq_ring_bytes(uint32_t entries, uint32_t big_slots = 0);
 // Initialises zeroed memory: slot i's seq = i, head = tail = 0, not armed,
 // every big slot free (its pool is not announced until the owner polls it).
 void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner, uint32_t big_slots = 0);
-// Completions produced and not yet consumed.
+// Completions produced and not yet consumed (as far as the head says).
 uint64_t cq_ring_pending(xsrc_cq_ring &ring);
+// The arena is writable by every process of the device: the geometry in a
+// ring's header must fit the allocation the daemon made for it before the
+// daemon indexes slots with it.
+bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &ring);
+bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &ring);
 
 // --- receive rings (QP receive queues, SRQs) --------------------------------
 

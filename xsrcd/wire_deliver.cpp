@@ -32,6 +32,7 @@
 #include "common/iov.h"
 #include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
+#include "rings.h"
 #include "wire/headers.h"
 #include "wire/sender.h"
 
@@ -197,23 +198,6 @@ ibv_wc_status scatter(Device &dev, Context &owner, PdId pd, const RecvWqe &rwqe,
 
 // Lost races a ring operation of the daemon retries before it gives up.
 constexpr unsigned kRingTries = 1024;
-
-// The arena is writable by every process of the device: the geometry in a
-// ring's header must fit the allocation the daemon made for it before the
-// daemon indexes slots with it.
-bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &r)
-{
-	uint64_t n = r.num_entries;
-	return n && (n & (n - 1)) == 0 && r.stride >= sizeof(xsrc_recv_wqe) &&
-	       sizeof(r) + n * r.stride <= arena.allocation_bytes(off);
-}
-
-bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &r)
-{
-	uint64_t n = r.num_entries;
-	return n && (n & (n - 1)) == 0 &&
-	       sizeof(r) + n * (sizeof(xsrc_cqe) + uint64_t(r.payload_stride)) <= arena.allocation_bytes(off);
-}
 
 // Appends `cqe` to the CQ and wakes its channel if armed for it (as the
 // provider's xsrc_cq_complete does, with the daemon's own event calls).

@@ -71,7 +71,7 @@ bool cq_pop_one(xsrc_cq *cq, ibv_wc &wc)
 	xsrc_cqe c;
 	if (cq->old.ring()) {
 		if (cq_pop_from(cq, cq->old, c)) {
-			cq->old.publish();
+			cq->old.publish(true);
 			cq->polled_tm = cq_tm_info(c);
 			cq_to_wc(c, wc);
 			return true;
@@ -222,7 +222,7 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		errno = EPROTO;
 		return false;
 	}
-	cq->consumer = xsrc::CqConsumer(ring);
+	cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -355,16 +355,21 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	verbs_drv_buf<ib_uverbs_resize_cq_resp, xsrc_resize_cq_resp> resp;
 
 	std::lock_guard guard(cq->poll_lock);
+	// The device counts what is outstanding from the head we published.
+	cq->consumer.publish(true);
 	if (int err = ibv_cmd_resize_cq(ibcq, cqe, &cmd, sizeof(cmd), resp.core(), resp.size)) {
 		verbs_err(&to_xsrc_ctx(ibcq->context)->ibv_ctx, "resize_cq: the device refused cqe %d: %s\n", cqe,
 			  strerror(err));
 		return err;
 	}
-	xsrc_cq_ring *ring = cq_ring_at(to_xsrc_ctx(ibcq->context), resp.driver().ring_off);
+	xsrc_context *ctx = to_xsrc_ctx(ibcq->context);
+	xsrc_cq_ring *ring = cq_ring_at(ctx, resp.driver().ring_off);
 	if (ring && ring != cq->ring()) {
-		cq->consumer.publish();
 		cq->old = cq->consumer;
-		cq->consumer = xsrc::CqConsumer(ring);
+		cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
+	} else if (ring) {
+		// The same ring with another cqe: how lazily its head goes out.
+		cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
 	}
 	return 0;
 }

@@ -308,6 +308,12 @@ int context_finish(ibv_device *ibdev, context_ptr ctx, const xsrc_get_context_re
 	if (dresp.driver_abi >= 3)
 		ctx->mcast = ctx->arena.mcast_table();
 #endif
+#if XSRC_DRIVER_ABI_REVISION >= 10
+	// Our room for cq_head_mode told the daemon we check a full-looking CQ
+	// against its slots; an older daemon leaves it 0 (exact heads).
+	if (dresp.driver_abi >= 10 && dresp.cq_head_mode == XSRC_CQ_HEAD_LAZY)
+		ctx->cq_eager_heads = &ctx->arena.header().eager_heads;
+#endif
 	ibv_port_attr port{};
 	struct ibv_query_port qcmd{};
 	if ((err = ibv_cmd_query_port(&ctx->ibv_ctx.context, 1, &port, &qcmd, sizeof(qcmd)))) {

@@ -128,6 +128,9 @@ struct xsrc_context {
 	bool direct;                 // we may try peers' memory ourselves (same PID namespace)
 	bool can_copy;               // the device moves bytes for us (XSRC_CMD_COPY)
 	uint32_t driver_abi;         // the revision the device serves
+	// r10: the arena header's eager_heads when our CQs may publish their
+	// heads lazily (xsrc-queues.h, xsrc_cq_ring); else null.
+	const uint32_t *cq_eager_heads;
 	xsrc::PeerSet denied;        // peers whose memory process_vm_* refused us (EPERM)
 	xsrc_local_mrs local_mrs;    // where CQ-ring payloads may be placed
 	xsrc_odp_mrs odp_mrs;        // what ibv_advise_mr may name

@@ -227,7 +227,6 @@ TEST_F(ForgedCqe, BigSlotPayloadGoesOnlyIntoOurLocalWriteMemory)
 	ibv_wc wc = poll();
 	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
 	EXPECT_EQ(std::string(unregistered_, 200), std::string(200, '\0'));
-	EXPECT_EQ(big_busy()[0], 0u) << "the slot stays taken";
 
 	forge_big(reinterpret_cast<uintptr_t>(read_only_), attack.data(), 200, 4);
 	wc = poll();
@@ -242,7 +241,6 @@ TEST_F(ForgedCqe, BigSlotPayloadGoesOnlyIntoOurLocalWriteMemory)
 	wc = poll();
 	EXPECT_EQ(wc.status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc.status);
 	EXPECT_EQ(registered_[0], '\0');
-	EXPECT_EQ(big_busy()[0], 0u);
 
 	// Inside a LOCAL_WRITE MR: placed.
 	forge_big(reinterpret_cast<uintptr_t>(registered_) + 1000, attack.data(), 2000, 63);
@@ -252,7 +250,14 @@ TEST_F(ForgedCqe, BigSlotPayloadGoesOnlyIntoOurLocalWriteMemory)
 	EXPECT_EQ(std::string(registered_ + 1000, 2000), attack);
 	EXPECT_EQ(registered_[999], '\0');
 	EXPECT_EQ(registered_[3000], '\0');
-	EXPECT_EQ(big_busy()[0], 0u);
+
+	// Every slot is free again whatever the outcome: the consumer gives
+	// emptied slots back once a quarter of the pool is (driver ABI r10).
+	for (uint32_t slot = 10; slot < 22; ++slot) {  // with 3, 4, 5 and 63: 16
+		forge_big(reinterpret_cast<uintptr_t>(registered_), attack.data(), 100, slot);
+		EXPECT_EQ(poll().status, IBV_WC_SUCCESS);
+	}
+	EXPECT_EQ(big_busy()[0], 0u) << "16 of 64 emptied: all given back";
 }
 
 } // namespace

@@ -325,5 +325,52 @@ TEST_F(CqOverrun, OverrunRaisesCqErr)
 	       static_cast<int>(peer_qp_state(p.peer)), polled.size());
 }
 
+// A CQ filled to exactly its cqe is no overrun, although its consumer (the
+// peer) may publish its head lazily (driver ABI revision 10): the peer takes
+// fewer than cqe / 2 completions, which it need not publish yet, then we
+// send a whole cqe more. Our provider of revision 10 finds the room in the
+// ring's slots; run as compat_r1_cq_heads (this process on the revision-1
+// provider, which trusts the head; the peer on today's, through
+// XSRC_PEER_RDMAV_DRIVERS), the daemon counts our context and the peer
+// publishes its head at every poll.
+TEST_F(CqOverrun, AFullCqIsNoOverrunWhateverTheProducersRevision)
+{
+	int actual = 0;
+	uint64_t pcq = peer_cq(16, false, &actual);
+	ASSERT_GE(actual, 16);
+	const int lag = actual / 2 - 1;
+	const int total = lag + actual;
+	PeerMr rbuf = peer_mr(64 * size_t(total), IBV_ACCESS_LOCAL_WRITE, 0x77);
+	auto [cq, buf] = sender();
+	PairOpts o;
+	o.peer_max_recv_wr = static_cast<uint32_t>(total);
+	o.caps.max_send_wr = static_cast<uint32_t>(actual);
+	Pair p = rc_pair(cq, cq, pcq, o);
+	peer_post_recv(p.peer.id, rbuf, 0, 64, 0, static_cast<size_t>(total), 64);
+	auto send = [&](int first, int count) {
+		for (int i = first; i < first + count; ++i) {
+			SendWr s(static_cast<uint64_t>(i), IBV_WR_SEND, buf->addr(), 16, buf->lkey());
+			ASSERT_EQ(s.post(p.qp), 0);
+		}
+		auto wcs = poll_completions(cq, static_cast<size_t>(count), 5s);
+		ASSERT_EQ(wcs.size(), static_cast<size_t>(count)) << describe(wcs);
+		for (auto &w : wcs)
+			EXPECT_EQ(w.status, IBV_WC_SUCCESS) << describe(wcs);
+	};
+	send(0, lag);
+	auto taken = peer_poll(pcq, static_cast<size_t>(lag), 5s);
+	ASSERT_EQ(taken.size(), static_cast<size_t>(lag)) << describe(taken);
+	send(lag, actual);
+	auto polled = peer_poll(pcq, static_cast<size_t>(actual), 5s);
+	ASSERT_EQ(polled.size(), static_cast<size_t>(actual)) << describe(polled);
+	for (int i = 0; i < actual; ++i) {
+		EXPECT_EQ(polled[i].status, IBV_WC_SUCCESS) << describe(polled);
+		EXPECT_EQ(polled[i].wr_id, uint64_t(lag + i)) << "receive completions in posting order";
+	}
+	Msg ev = peer().call(Msg("async_wait").set("type", static_cast<int>(IBV_EVENT_CQ_ERR))
+				     .set("timeout_ms", 300).set("cq", pcq), 10s);
+	EXPECT_EQ(ev.u64("got"), 0u) << "IBV_EVENT_CQ_ERR on a CQ that never held more than its cqe";
+}
+
 }  // namespace
 }  // namespace xsrc_traffic

@@ -30,8 +30,12 @@ void on_alarm(int)
 
 int main(int argc, char **argv)
 {
-	if (auto peer = xsrc::harness::child_args(argc, argv, "--peer"))
+	if (auto peer = xsrc::harness::child_args(argc, argv, "--peer")) {
+		// The peer may run another provider than the test (compat_r1_cq_heads).
+		if (const char *drivers = getenv("XSRC_PEER_RDMAV_DRIVERS"))
+			setenv("RDMAV_DRIVERS", drivers, 1);
 		return peer->args.size() == 1 ? peer_main(peer->link, atoi(peer->args[0].c_str())) : 2;
+	}
 	signal(SIGALRM, on_alarm);
 	::testing::InitGoogleTest(&argc, argv);
 	::testing::UnitTest::GetInstance()->listeners().Append(new TestTimeout);

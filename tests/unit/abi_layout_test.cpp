@@ -39,7 +39,7 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_get_context_req, num_channel_fds, 4, 4),
 	XSRC_PIN_FIELD(xsrc_get_context_req, async_fds, 8, 8),
 	XSRC_PIN_FIELD(xsrc_get_context_req, channel_fds, 16, 64),
-	XSRC_PIN_STRUCT(xsrc_get_context_resp, 40, 8),
+	XSRC_PIN_STRUCT(xsrc_get_context_resp, 48, 8),
 	XSRC_PIN_FIELD(xsrc_get_context_resp, comp_mask, 0, 4),
 	XSRC_PIN_FIELD(xsrc_get_context_resp, driver_abi, 4, 4),
 	XSRC_PIN_FIELD(xsrc_get_context_resp, context_id, 8, 8),
@@ -49,6 +49,8 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_get_context_resp, caller_uid, 28, 4),
 	XSRC_PIN_FIELD(xsrc_get_context_resp, caps, 32, 4),
 	XSRC_PIN_FIELD(xsrc_get_context_resp, reserved, 36, 4),
+	XSRC_PIN_FIELD(xsrc_get_context_resp, cq_head_mode, 40, 4),  // r10
+	XSRC_PIN_FIELD(xsrc_get_context_resp, reserved2, 44, 4),
 	XSRC_PIN_STRUCT(xsrc_create_cq_resp, 16, 8),
 	XSRC_PIN_FIELD(xsrc_create_cq_resp, comp_mask, 0, 4),
 	XSRC_PIN_FIELD(xsrc_create_cq_resp, channel_pool_free, 4, 4),
@@ -154,7 +156,7 @@ const Pin kPins[] = {
 	XSRC_PIN_STRUCT(xsrc_arena_header, 72, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, magic, 0, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, version, 8, 4),
-	XSRC_PIN_FIELD(xsrc_arena_header, reserved, 12, 4),
+	XSRC_PIN_FIELD(xsrc_arena_header, eager_heads, 12, 4),  // r10, was reserved
 	XSRC_PIN_FIELD(xsrc_arena_header, size, 16, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, qp_table_off, 24, 8),
 	XSRC_PIN_FIELD(xsrc_arena_header, mr_table_off, 32, 8),

@@ -44,6 +44,64 @@ TEST_F(CommandsTest, GetContextTakesPipesAndAnswersOnce)
 	EXPECT_EQ(ev.event_type, uint32_t(IBV_EVENT_PORT_ERR));
 }
 
+// Revision 10: a provider that gives room for cq_head_mode is told its CQs
+// may publish their heads lazily; one with less room (revisions 1 to 9)
+// trusts heads, and is counted in the arena header while its context
+// lives. When the count leaves 0, every CQ ring's head is caught up with
+// the consumer's position as its slots show it.
+TEST_F(CommandsTest, ContextsThatTrustCqHeadsAreCounted)
+{
+	xsrc_get_context_req drv{};
+	drv.async_fds = async.pair();
+	xsrc_get_context_resp dresp{};
+	ASSERT_EQ(get_context(drv, &dresp), 0);
+	EXPECT_EQ(dresp.cq_head_mode, uint32_t(XSRC_CQ_HEAD_LAZY));
+	const auto &header = arena().header();
+	EXPECT_EQ(header.eager_heads, 0u);
+
+	// Our CQ, three of its completions taken but the head not published.
+	uint32_t cq = 0;
+	uint64_t ring_off = 0;
+	ASSERT_EQ(create_cq(8, -1, cq, &ring_off), 0);
+	auto *ring = &arena().at<xsrc_cq_ring>(ring_off);
+	for (uint64_t i = 0; i < 5; ++i) {
+		xsrc_cqe c{};
+		c.wr_id = i;
+		ASSERT_TRUE(cq_push(ring, c));
+	}
+	CqConsumer consumer(ring, &header.eager_heads);
+	xsrc_cqe c;
+	for (int i = 0; i < 3; ++i)
+		ASSERT_TRUE(consumer.take(c, [](uint64_t, uint32_t) { return true; }));
+	consumer.publish();
+	ASSERT_EQ(ring->head, 0u);
+
+	// A second context whose provider knows revision 9's response only.
+	Context old;
+	old.id = 2;
+	old.device = &dev;
+	old.owner = getpid();
+	old.caller = std::make_unique<ProcessCaller>(getpid());
+	dev.contexts.push_back(&old);
+	Pipe old_async;
+	drv.async_fds = old_async.pair();
+	std::vector<std::byte> room(sizeof(ib_uverbs_get_context_resp) + offsetof(xsrc_get_context_resp, cq_head_mode));
+	ib_uverbs_get_context cmd{};
+	cmd.response = reinterpret_cast<uintptr_t>(room.data());
+	ASSERT_EQ(run_on(old, IB_USER_VERBS_CMD_GET_CONTEXT, cmd, std::as_bytes(std::span(&drv, 1)), room.size()), 0);
+	EXPECT_EQ(header.eager_heads, 1u);
+	EXPECT_EQ(ring->head, 3u) << "caught up when the count left 0";
+	ASSERT_TRUE(consumer.take(c, [](uint64_t, uint32_t) { return true; }));
+	consumer.publish();
+	EXPECT_EQ(ring->head, 4u) << "published at every poll while counted";
+
+	destroy_context_objects(old);
+	std::erase(dev.contexts, &old);
+	EXPECT_EQ(header.eager_heads, 0u) << "its context is gone";
+	destroy_context_objects(old);
+	EXPECT_EQ(header.eager_heads, 0u) << "counted once";
+}
+
 TEST_F(CommandsTest, GetContextValidatesItsFds)
 {
 	xsrc_get_context_req drv{};

@@ -1,8 +1,8 @@
 // The CQ ring's consumer (common/ring_ops.h, CqConsumer): takes at its own
 // position, payloads placed from the ring's shape as it read it once, and
-// the head and the emptied big slots told to producers once per poll
-// (publish()). Producers count free entries and claim big slots only from
-// what was published.
+// the head and the emptied big slots told to producers lazily (publish()).
+// Producers claim big slots only from what was published, and count free
+// entries from the head and, when it says full, from the slots.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -62,7 +62,7 @@ int push_big(xsrc_cq_ring *ring, uint64_t wr_id, const std::vector<unsigned char
 const auto anywhere = [](uint64_t, uint32_t) { return true; };
 const auto nowhere = [](uint64_t, uint32_t) { return false; };
 
-TEST(CqRing, TakenEntriesStayCountedUntilTheHeadIsPublished)
+TEST(CqRing, ATakenEntryIsRoomBeforeTheHeadIsPublished)
 {
 	Ring r(4);
 	CqConsumer consumer(r.ring());
@@ -71,23 +71,86 @@ TEST(CqRing, TakenEntriesStayCountedUntilTheHeadIsPublished)
 	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99))) << "cqe 4 holds 4";
 
 	xsrc_cqe c;
-	for (uint64_t i = 0; i < 4; ++i) {
+	ASSERT_TRUE(consumer.take(c, anywhere));
+	EXPECT_EQ(c.wr_id, 0u);
+	// The head still says 4 are outstanding; the slot of position 0 says
+	// the consumer took it (revision 10): room for exactly one.
+	EXPECT_EQ(r.ring()->head, 0u);
+	EXPECT_TRUE(cq_push(r.ring(), cqe_for(4)));
+	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99))) << "4 outstanding again";
+	for (uint64_t i = 1; i < 5; ++i) {
 		ASSERT_TRUE(consumer.take(c, anywhere));
 		EXPECT_EQ(c.wr_id, i);
 	}
 	EXPECT_FALSE(consumer.take(c, anywhere));
-	// Nothing published yet: the producers still see a full CQ, as an HCA
-	// does until its provider writes the consumer index.
-	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99)));
-	EXPECT_EQ(r.ring()->head, 0u);
+	consumer.publish();
+	EXPECT_EQ(r.ring()->head, 5u) << "without eager_heads the head goes out at every publish";
+}
+
+// Revision 10: while no context trusts heads (eager_heads 0) the consumer
+// publishes its head once cqe / 2 completions were taken; while one does,
+// at every publish. Its producers never see an overrun that is not one.
+TEST(CqRing, TheHeadGoesOutLazilyWhileNoContextTrustsIt)
+{
+	Ring r(8);
+	uint32_t eager = 0;
+	CqConsumer consumer(r.ring(), &eager);
+	xsrc_cqe c;
+	for (uint64_t i = 0; i < 8; ++i)
+		ASSERT_TRUE(cq_push(r.ring(), cqe_for(i)));
+	for (int i = 0; i < 3; ++i) {
+		ASSERT_TRUE(consumer.take(c, anywhere));
+		consumer.publish();
+	}
+	EXPECT_EQ(r.ring()->head, 0u) << "3 of cqe 8 taken: not yet published";
+	ASSERT_TRUE(consumer.take(c, anywhere));
+	consumer.publish();
+	EXPECT_EQ(r.ring()->head, 4u) << "cqe / 2 taken: published";
+	// A producer that reads the slots fills the CQ to exactly cqe.
+	ASSERT_TRUE(consumer.take(c, anywhere));
 	consumer.publish();
 	EXPECT_EQ(r.ring()->head, 4u);
-	for (uint64_t i = 4; i < 8; ++i)
+	for (uint64_t i = 8; i < 13; ++i)
+		ASSERT_TRUE(cq_push(r.ring(), cqe_for(i))) << i;
+	EXPECT_FALSE(cq_push(r.ring(), cqe_for(99))) << "8 outstanding";
+
+	eager = 1;  // a context of an older provider arrived
+	ASSERT_TRUE(consumer.take(c, anywhere));
+	consumer.publish();
+	EXPECT_EQ(r.ring()->head, 6u) << "published at once while eager_heads is not 0";
+	consumer.publish(true);
+	EXPECT_EQ(r.ring()->head, 6u);
+}
+
+// What the daemon does when the first context that trusts heads arrives:
+// each ring's head is raised to the consumer's position as the slots show
+// it, never past the tail, never down.
+TEST(CqRing, TheDaemonCatchesAHeadUpFromTheSlots)
+{
+	Ring r(8);
+	uint32_t eager = 0;
+	CqConsumer consumer(r.ring(), &eager);
+	xsrc_cqe c;
+	for (uint64_t i = 0; i < 6; ++i)
 		ASSERT_TRUE(cq_push(r.ring(), cqe_for(i)));
-	for (uint64_t i = 4; i < 8; ++i) {
+	for (int i = 0; i < 3; ++i)
 		ASSERT_TRUE(consumer.take(c, anywhere));
-		EXPECT_EQ(c.wr_id, i);
-	}
+	consumer.publish();
+	ASSERT_EQ(r.ring()->head, 0u);
+	cq_catch_up_head(r.ring());
+	EXPECT_EQ(r.ring()->head, 3u);
+	cq_catch_up_head(r.ring());
+	EXPECT_EQ(r.ring()->head, 3u);
+
+	// A forged slot that claims a consumption beyond the tail is ignored.
+	const uint32_t n = r.ring()->num_entries;
+	atomic(cq_slot(r.ring(), 7)->seq).store(7 + 2 * uint64_t(n), std::memory_order_relaxed);
+	cq_catch_up_head(r.ring());
+	EXPECT_EQ(r.ring()->head, 3u);
+	// A head already ahead of the slots stays.
+	atomic(r.ring()->head).store(5, std::memory_order_relaxed);
+	cq_catch_up_head(r.ring());
+	EXPECT_EQ(r.ring()->head, 5u);
 }
 
 TEST(CqRing, ManyLapsKeepOrder)
@@ -134,6 +197,8 @@ TEST(CqRing, PayloadsArePlacedFromTheShape)
 	EXPECT_EQ(big_dst, big);
 	EXPECT_NE(cq_big_claim(r.ring(), slot), slot) << "emptied, but not yet published";
 	consumer.publish();
+	EXPECT_NE(cq_big_claim(r.ring(), slot), slot) << "one of 64 emptied: kept until a quarter is";
+	consumer.publish(true);
 	EXPECT_EQ(cq_big_claim(r.ring(), slot), slot) << "the emptied big slot is free again";
 }
 
@@ -150,7 +215,7 @@ TEST(CqRing, APayloadThatMayNotBePlacedIsAProtectionErrorAndFreesItsSlot)
 	EXPECT_EQ(out.status, IBV_WC_LOC_PROT_ERR);
 	EXPECT_EQ(out.byte_len, 0u);
 	EXPECT_EQ(dst, std::vector<unsigned char>(64, 0));
-	consumer.publish();
+	consumer.publish(true);
 	EXPECT_EQ(cq_big_claim(r.ring(), slot), slot);
 }
 
