@@ -86,6 +86,12 @@ bool reads_lazy_cq_heads(const Context &ctx, size_t driver_resp_room)
 	return abi_revision(ctx) >= 10 && driver_resp_room >= sizeof(xsrc_get_context_resp);
 }
 
+// The arena header's count of contexts that trust CQ heads (r10).
+std::atomic_ref<uint32_t> eager_heads(Arena &arena)
+{
+	return atomic(arena.at<xsrc_arena_header>(0).eager_heads);
+}
+
 // A context whose provider trusts CQ heads: counted in the arena header
 // (every consumer then publishes its head at every poll), and when the
 // count leaves 0 every ring's head is first brought up to what its slots
@@ -96,7 +102,7 @@ void count_eager_cq_heads(Context &ctx)
 		return;
 	ctx.eager_cq_heads = true;
 	Arena &arena = *ctx.device->arena;
-	if (atomic(arena.at<xsrc_arena_header>(0).eager_heads).fetch_add(1, std::memory_order_seq_cst) != 0)
+	if (eager_heads(arena).fetch_add(1, std::memory_order_seq_cst) != 0)
 		return;
 	std::atomic_thread_fence(std::memory_order_seq_cst);
 	auto catch_up = [&arena](uint64_t off) {
@@ -126,6 +132,13 @@ int check_private_command(uint32_t comp_mask, uint32_t reserved, const Request &
 }
 
 }  // namespace
+
+void uncount_eager_cq_heads(Context &ctx)
+{
+	if (ctx.eager_cq_heads && ctx.device && ctx.device->arena)
+		eager_heads(*ctx.device->arena).fetch_sub(1, std::memory_order_release);
+	ctx.eager_cq_heads = false;
+}
 
 int cmd_get_context(Context &ctx, Caller &caller, const Request &req)
 {

@@ -306,9 +306,7 @@ void destroy_context_objects(Context &ctx)
 	ctx.channel_pool.clear();
 	ctx.async_wr = unique_fd();
 	ctx.async_rd = unique_fd();
-	if (ctx.eager_cq_heads && ctx.device && ctx.device->arena)
-		atomic(ctx.device->arena->at<xsrc_arena_header>(0).eager_heads).fetch_sub(1, std::memory_order_release);
-	ctx.eager_cq_heads = false;
+	uncount_eager_cq_heads(ctx);
 }
 
 }  // namespace xsrc

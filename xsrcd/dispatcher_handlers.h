@@ -21,6 +21,9 @@ int cmd_query_port(Context &ctx, Caller &caller, const Request &req);
 int cmd_create_comp_channel(Context &ctx, Caller &caller, const Request &req);
 int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req);
 int cmd_import_context(Context &ctx, Caller &caller, const Request &req);  // r6
+// A context that GET_CONTEXT or IMPORT_CONTEXT counted in the arena header
+// as trusting CQ heads (r10) is counted no more (its objects are gone).
+void uncount_eager_cq_heads(Context &ctx);
 int cmd_query_object(Context &ctx, Caller &caller, const Request &req);    // r6
 int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req);    // r8
 

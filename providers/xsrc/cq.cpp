@@ -364,11 +364,11 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 	}
 	xsrc_context *ctx = to_xsrc_ctx(ibcq->context);
 	xsrc_cq_ring *ring = cq_ring_at(ctx, resp.driver().ring_off);
-	if (ring && ring != cq->ring()) {
-		cq->old = cq->consumer;
-		cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
-	} else if (ring) {
-		// The same ring with another cqe: how lazily its head goes out.
+	if (ring) {
+		// A ring left behind drains first; the same ring has another cqe,
+		// and so another pace for its head.
+		if (ring != cq->ring())
+			cq->old = cq->consumer;
 		cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
 	}
 	return 0;
