@@ -1,6 +1,7 @@
 // RoCE v2 headers: encode, decode, the opcode table (IBTA 9.2, Annex A17).
 #include "wire/headers.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace xsrc::wire {
@@ -401,6 +402,55 @@ uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn)
 	uint64_t x = (uint64_t(qpn & kQpnMask) << 24 | (dest_qpn & kQpnMask)) * 0x9E3779B97F4A7C15ull;
 	x ^= x >> 29;
 	return static_cast<uint16_t>(0xC000u | ((x >> 50) & 0x3FFFu));
+}
+
+size_t split_gso(std::span<const uint8_t> ip_packet, size_t segment, size_t max_packets, uint8_t *out,
+		 const std::function<void(std::span<const uint8_t>, bool)> &each)
+{
+	size_t ip_len;
+	if (ip_packet.size() >= kIpv4Bytes && ip_packet[0] == 0x45 && ip_packet[9] == kIpProtoUdp)
+		ip_len = kIpv4Bytes;
+	else if (ip_packet.size() >= kIpv6Bytes && ip_packet[0] >> 4 == 6 && ip_packet[6] == kIpProtoUdp)
+		ip_len = kIpv6Bytes;
+	else
+		return 0;
+	size_t headers = ip_len + kUdpBytes;
+	if (ip_packet.size() <= headers || segment == 0)
+		return 0;
+	size_t payload = ip_packet.size() - headers;
+	size_t packets = (payload + segment - 1) / segment;
+	if (packets > max_packets)
+		return 0;
+	bool v4 = ip_len == kIpv4Bytes;
+	uint16_t first_id = static_cast<uint16_t>(ip_packet[4] << 8 | ip_packet[5]);
+	for (size_t k = 0; k < packets; ++k) {
+		size_t n = std::min(segment, payload - k * segment);
+		uint8_t *p = out;
+		out += headers + n;
+		std::memcpy(p, ip_packet.data(), headers);
+		std::memcpy(p + headers, ip_packet.data() + headers + k * segment, n);
+		put16(p + ip_len + 4, static_cast<uint16_t>(kUdpBytes + n));  // UDP length
+		std::span<const uint8_t> packet(p, headers + n);
+		if (!v4) {
+			put16(p + 4, static_cast<uint16_t>(kUdpBytes + n));  // payload length
+			each(packet, false);
+			continue;
+		}
+		put16(p + 2, static_cast<uint16_t>(headers + n));  // total length
+		auto set_id = [p](uint16_t id) {
+			put16(p + 4, id);
+			put16(p + 10, 0);
+			put16(p + 10, internet_checksum({p, kIpv4Bytes}));
+		};
+		set_id(static_cast<uint16_t>(first_id + k));
+		if (k == 0 || icrc_ok(packet)) {
+			each(packet, k != 0);
+			continue;
+		}
+		set_id(first_id);
+		each(packet, false);
+	}
+	return packets;
 }
 
 }  // namespace xsrc::wire

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 
@@ -241,6 +242,23 @@ Udp decode_udp(std::span<const uint8_t, kUdpBytes> in);
 // IPv6: the IPv6 header itself (the GRH's layout). IPv4, as rxe: 20 zero
 // bytes, then the IPv4 header in the last 20.
 std::array<uint8_t, kGrhBytes> grh_from_ip(std::span<const uint8_t> ip_header);
+
+// --- GSO datagrams ------------------------------------------------------------
+
+// A GSO datagram (one IPv4 or IPv6 header and one UDP header, then UDP
+// payload that stands for `segment`-byte datagrams, the last maybe shorter),
+// as a packet socket shows one that crossed a veth whole or that GRO
+// merged, cut into the packets the kernel would cut it into: each written
+// to `out` (room: the datagram plus an IP and UDP header per packet) with
+// its own lengths and, on IPv4, the ID the kernel gives it (the datagram's
+// plus the packet's index; the datagram's own when that fails the ICRC, as
+// GRO leaves packets sent with one fixed ID), and passed to
+// `each(packet, icrc_checked)` in order; icrc_checked: its ICRC was found
+// good on the way. Returns how many packets; 0 for a datagram that is not
+// UDP over IPv4 without options or IPv6, or would make more than
+// `max_packets`.
+size_t split_gso(std::span<const uint8_t> ip_packet, size_t segment, size_t max_packets, uint8_t *out,
+		 const std::function<void(std::span<const uint8_t>, bool)> &each);
 
 // --- ICRC ---------------------------------------------------------------------
 

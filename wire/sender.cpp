@@ -2,9 +2,14 @@
 // with its ICRC (wire/sender.h).
 #include "wire/sender.h"
 
+#include <netinet/udp.h>
 #include <sys/socket.h>
+#include <sys/utsname.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -13,6 +18,23 @@
 namespace {
 
 namespace w = xsrc::wire;
+
+// UDP GSO unless XSRC_WIRE_GSO=0 (a packet per datagram, as before), and
+// only on Linux 6.2 and later. Across a veth the datagram reaches the other
+// side's xsrcd whole (same kernel), and a packet socket can tell it the
+// segment size in a virtio-net header only since 6.2 (GSO_UDP_L4); an
+// older one fails the receive. Through a NIC the kernel cuts it here.
+bool gso_wanted()
+{
+	const char *v = std::getenv("XSRC_WIRE_GSO");
+	if (v && std::strcmp(v, "0") == 0)
+		return false;
+	utsname u{};
+	unsigned major = 0, minor = 0;
+	if (uname(&u) || std::sscanf(u.release, "%u.%u", &major, &minor) != 2)
+		return false;
+	return major > 6 || (major == 6 && minor >= 2);
+}
 
 // A socket bound to s.sgid's address and `port` (0: any).
 int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
@@ -23,6 +45,10 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 	if (!s.fd)
 		return errno;
 	int one = 1;
+	// A kernel that knows UDP_SEGMENT takes a per-socket size of 0 (none):
+	// the datagrams that want GSO say so in a control message.
+	int no_segment = 0;
+	s.gso = gso_wanted() && setsockopt(s.fd.get(), IPPROTO_UDP, UDP_SEGMENT, &no_segment, sizeof(no_segment)) == 0;
 	// Send-only sockets: QPs of other processes may send from the same
 	// port (a hash collision); nothing is ever received on them.
 	if (port && setsockopt(s.fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)))
@@ -77,15 +103,17 @@ int make_socket(xsrc_wire_socket &s, uint32_t ifindex, uint16_t port)
 
 // The IP and UDP headers the kernel will put in front of `udp_payload`
 // bytes from socket `s` to `dgid`, for the ICRC: written to `ip`, returns
-// their length.
+// their length. `ip_id`: an IPv4 header's ID (0 for a datagram of its own,
+// the index of a GSO segment).
 size_t predict_ip_udp(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, size_t udp_payload,
-		      uint8_t *ip)
+		      uint16_t ip_id, uint8_t *ip)
 {
 	uint16_t udp_len = static_cast<uint16_t>(w::kUdpBytes + udp_payload);
 	size_t ip_len;
 	if (s.ipv4) {
 		w::Ipv4 h;
 		h.total_length = static_cast<uint16_t>(w::kIpv4Bytes + udp_len);
+		h.id = ip_id;
 		h.src = s.src4;
 		h.dst = w::gid_ipv4(dgid);
 		w::encode(h, std::span<uint8_t, w::kIpv4Bytes>(ip, w::kIpv4Bytes));
@@ -157,16 +185,17 @@ namespace {
 // Lays out one packet for sendmsg: the pad and the ICRC (computed over the
 // IP and UDP headers the kernel will write, ours, the payload and the pad)
 // into `tail`, the pieces into `iov`. Returns how many iovecs, or 0 when the
-// packet has too many pieces.
+// packet has too many pieces. `ip_id` as for predict_ip_udp.
 size_t lay_out(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, std::span<const uint8_t> headers,
-	       const iovec *payload, size_t npayload, size_t payload_len, uint8_t *tail, iovec *iov) noexcept
+	       const iovec *payload, size_t npayload, size_t payload_len, uint8_t *tail, iovec *iov,
+	       uint16_t ip_id = 0) noexcept
 {
 	if (headers.size() > kMaxHeaders || npayload > kMaxPayloadIov)
 		return 0;
 	size_t pad = (4 - payload_len % 4) % 4;
 	std::array<uint8_t, kIpv6Bytes + kUdpBytes + kMaxHeaders> pseudo{};
 	size_t udp_payload = headers.size() + payload_len + pad + kIcrcBytes;
-	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload, pseudo.data());
+	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload, ip_id, pseudo.data());
 	std::memcpy(pseudo.data() + ip_udp, headers.data(), headers.size());
 	uint32_t crc = *icrc(std::span<const uint8_t>(pseudo.data(), ip_udp + headers.size()));
 	for (size_t i = 0; i < npayload; ++i)
@@ -245,6 +274,12 @@ PacketBatch::PacketBatch(const xsrc_wire_socket &s, const std::array<uint8_t, 16
 {
 }
 
+void PacketBatch::lay_out_packet(Packet &p, const iovec *payload, size_t npayload, uint16_t ip_id) noexcept
+{
+	p.niov = lay_out(socket_, dgid_, {p.headers.data(), p.header_len}, payload, npayload, p.payload_len,
+			 p.tail.data(), iov_.data() + p.first_iov, ip_id);
+}
+
 int PacketBatch::add(std::span<const uint8_t> headers, const iovec *payload, size_t npayload,
 		     size_t payload_len) noexcept
 {
@@ -253,35 +288,102 @@ int PacketBatch::add(std::span<const uint8_t> headers, const iovec *payload, siz
 	int err = count_ == kCapacity ? flush() : 0;
 	Packet &p = packets_[count_];
 	std::memcpy(p.headers.data(), headers.data(), headers.size());
-	size_t n = lay_out(socket_, dgid_, {p.headers.data(), headers.size()}, payload, npayload, payload_len,
-			   p.tail.data(), p.iov.data());
-	msghdr &msg = msgs_[count_].msg_hdr;
-	msg = {};
-	destination(socket_, dgid_, to4_, to6_, msg);
-	msg.msg_iov = p.iov.data();
-	msg.msg_iovlen = n;
+	p.header_len = headers.size();
+	p.payload_len = payload_len;
+	p.udp_payload = headers.size() + payload_len + (4 - payload_len % 4) % 4 + kIcrcBytes;
+	p.first_iov = iov_used_;
+
+	// Joins the last datagram as its next segment when it has that size
+	// (or is its shorter last), else starts a datagram of its own.
+	Datagram *d = datagrams_ ? &datagram_[datagrams_ - 1] : nullptr;
+	bool join = d && socket_.gso.load(std::memory_order_relaxed) && d->open && p.udp_payload <= d->segment &&
+		    d->count < kMaxSegments && d->bytes + p.udp_payload <= kMaxGsoBytes &&
+		    iov_used_ - packets_[d->first].first_iov + kIovPerPacket <= kMaxIov;
+	if (join) {
+		lay_out_packet(p, payload, npayload, static_cast<uint16_t>(d->count));
+		++d->count;
+		d->bytes += p.udp_payload;
+		d->open = p.udp_payload == d->segment;
+	} else {
+		lay_out_packet(p, payload, npayload, 0);
+		d = &datagram_[datagrams_++];
+		*d = {count_, 1, p.udp_payload, p.udp_payload, true};
+	}
+	iov_used_ += p.niov;
 	++count_;
+	return err;
+}
+
+// A GSO datagram the kernel refused: its packets again, one datagram each
+// (their ICRCs are computed anew, for ID 0).
+int PacketBatch::send_apart(const Datagram &d) noexcept
+{
+	int err = 0;
+	sockaddr_in a4{};
+	sockaddr_in6 a6{};
+	for (size_t i = d.first; i < d.first + d.count; ++i) {
+		Packet &p = packets_[i];
+		// The payload's iovecs are still where the first lay-out put them.
+		std::array<iovec, kMaxPayloadIov> payload;
+		size_t npayload = p.niov - 2;
+		std::copy_n(iov_.data() + p.first_iov + 1, npayload, payload.data());
+		lay_out_packet(p, payload.data(), npayload, 0);
+		msghdr msg{};
+		destination(socket_, dgid_, a4, a6, msg);
+		msg.msg_iov = iov_.data() + p.first_iov;
+		msg.msg_iovlen = p.niov;
+		if (sendmsg(socket_.fd.get(), &msg, MSG_NOSIGNAL) < 0)
+			err = errno;
+	}
 	return err;
 }
 
 int PacketBatch::flush() noexcept
 {
 	int err = 0, saved = errno;
+	for (size_t i = 0; i < datagrams_; ++i) {
+		const Datagram &d = datagram_[i];
+		const Packet &first = packets_[d.first], &last = packets_[d.first + d.count - 1];
+		msghdr &msg = msgs_[i].msg_hdr;
+		msg = {};
+		destination(socket_, dgid_, to4_, to6_, msg);
+		msg.msg_iov = iov_.data() + first.first_iov;
+		msg.msg_iovlen = last.first_iov + last.niov - first.first_iov;
+		if (d.count > 1) {
+			msg.msg_control = control_[i].data();
+			msg.msg_controllen = CMSG_SPACE(sizeof(uint16_t));
+			cmsghdr *c = CMSG_FIRSTHDR(&msg);
+			c->cmsg_level = IPPROTO_UDP;
+			c->cmsg_type = UDP_SEGMENT;
+			c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+			uint16_t segment = static_cast<uint16_t>(d.segment);
+			std::memcpy(CMSG_DATA(c), &segment, sizeof(segment));
+		}
+	}
 	size_t done = 0;
-	while (done < count_) {
-		int sent = sendmmsg(socket_.fd.get(), msgs_.data() + done, static_cast<unsigned>(count_ - done),
+	while (done < datagrams_) {
+		int sent = sendmmsg(socket_.fd.get(), msgs_.data() + done, static_cast<unsigned>(datagrams_ - done),
 				    MSG_NOSIGNAL);
 		if (sent < 0) {
 			if (errno == EINTR)
 				continue;
-			// This packet is lost, as on a wire; the rest still go.
 			err = errno;
+			const Datagram &d = datagram_[done];
+			// A kernel or route that cannot segment (no checksum offload
+			// for it, IPsec: EINVAL, EIO; no GSO: EOPNOTSUPP) gets these
+			// packets and every later one as datagrams of their own.
+			// Anything else is the network's loss, as on a wire: RC's
+			// timer resends; the rest of the batch still goes.
+			if (d.count > 1 && (err == EINVAL || err == EIO || err == EOPNOTSUPP || err == ENOPROTOOPT)) {
+				socket_.gso.store(false, std::memory_order_relaxed);
+				err = send_apart(d);
+			}
 			++done;
 			continue;
 		}
 		done += static_cast<size_t>(sent);
 	}
-	count_ = 0;
+	count_ = iov_used_ = datagrams_ = 0;
 	errno = saved;
 	return err;
 }

@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "wire/headers.h"
 
 struct xsrc_wire_socket {
 	std::array<uint8_t, 16> sgid{};
@@ -28,6 +30,10 @@ struct xsrc_wire_socket {
 	in_addr src4{};               // IPv4 source
 	uint16_t src_port = 0;        // host order
 	bool any_port = false;        // bound to a port the kernel chose
+	// The kernel cuts a datagram into equal segments for us (UDP GSO,
+	// Linux 4.18), unless XSRC_WIRE_GSO=0; cleared for good when a send
+	// with it fails for a reason a plain send would not.
+	mutable std::atomic<bool> gso{false};
 	xsrc::unique_fd fd;
 };
 
@@ -79,9 +85,20 @@ inline constexpr size_t kMaxHeaders = 64;
 // the batch first when it is full; flush() sends what is gathered; the
 // destructor flushes. As with send_packet, a datagram the network cannot take
 // is lost.
+// Where the socket has UDP GSO, a run of packets of one size (the last may be
+// shorter: a message's MIDDLE packets and its LAST) leaves as one datagram
+// that the kernel cuts into its packets, each with its own IP and UDP
+// header: one trip through the stack for the run, and across a veth one
+// buffer to the peer's packet socket (xsrcd/wire_receiver.cpp splits it).
+// An IPv4 segment's ID is its index in the run (the kernel numbers the
+// segments from the datagram's 0), so each packet's ICRC is computed for it.
 class PacketBatch {
 public:
-	static constexpr size_t kCapacity = 32;
+	static constexpr size_t kCapacity = 64;
+	// Segments per GSO datagram (the kernel's UDP_MAX_SEGMENTS since 4.18),
+	// and the UDP payload one may carry (an IPv4 datagram's limit).
+	static constexpr size_t kMaxSegments = 64;
+	static constexpr size_t kMaxGsoBytes = 65535 - kIpv4Bytes - kUdpBytes;
 
 	PacketBatch(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid) noexcept;
 	~PacketBatch() { flush(); }
@@ -92,18 +109,37 @@ public:
 	int flush() noexcept;
 
 private:
+	static constexpr size_t kIovPerPacket = kMaxPayloadIov + 2;  // headers, payload, pad and ICRC
+	static constexpr size_t kMaxIov = 1024;                       // UIO_MAXIOV: per datagram
 	struct Packet {
 		std::array<uint8_t, kMaxHeaders> headers;
 		std::array<uint8_t, 8> tail;  // pad and ICRC
-		std::array<iovec, kMaxPayloadIov + 2> iov;
+		size_t header_len = 0;
+		size_t payload_len = 0;
+		size_t udp_payload = 0;  // headers, payload, pad, ICRC
+		size_t first_iov = 0;    // its pieces: iov_[first_iov, +niov)
+		size_t niov = 0;
 	};
+	// One sendmmsg entry: packets_[first, +count), cut at `segment` bytes
+	// when count > 1; `open` while every packet so far has that size.
+	struct Datagram {
+		size_t first = 0, count = 0;
+		size_t segment = 0, bytes = 0;
+		bool open = false;
+	};
+	int send_apart(const Datagram &d) noexcept;
+	void lay_out_packet(Packet &p, const iovec *payload, size_t npayload, uint16_t ip_id) noexcept;
+
 	const xsrc_wire_socket &socket_;
 	const std::array<uint8_t, 16> &dgid_;
 	sockaddr_in6 to6_{};
 	sockaddr_in to4_{};
-	size_t count_ = 0;
+	size_t count_ = 0, iov_used_ = 0, datagrams_ = 0;
 	std::array<Packet, kCapacity> packets_;
+	std::array<iovec, kCapacity * kIovPerPacket> iov_;
+	std::array<Datagram, kCapacity> datagram_;
 	std::array<mmsghdr, kCapacity> msgs_;
+	std::array<std::array<uint64_t, 4>, kCapacity> control_;  // a UDP_SEGMENT cmsg each
 };
 
 }  // namespace xsrc::wire

@@ -318,7 +318,8 @@ std::string Daemon::status()
 		if (it != wire_receivers_.end() && it->second) {
 			const WireCounters &c = it->second->counters();
 			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
-			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load();
+			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load()
+			    << " wire_gso=" << c.gso.load();
 		} else {
 			out << " wire=off";
 		}

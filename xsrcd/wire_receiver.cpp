@@ -2,7 +2,9 @@
 #include "wire_receiver.h"
 
 #include <arpa/inet.h>
+#include <endian.h>
 #include <linux/filter.h>
+#include <linux/if_arp.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/udp.h>
@@ -11,8 +13,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -24,33 +28,109 @@ namespace {
 
 namespace w = wire;
 
-// Larger than any frame of a 9000-byte MTU.
-constexpr size_t kMaxPacket = 9216;
+// The virtio-net header a packet socket with PACKET_VNET_HDR puts in front
+// of each frame (the virtio spec's struct virtio_net_hdr; little-endian).
+struct VnetHeader {
+	uint8_t flags;
+	uint8_t gso_type;
+	uint16_t hdr_len;
+	uint16_t gso_size;
+	uint16_t csum_start;
+	uint16_t csum_offset;
+};
+constexpr uint8_t kGsoNone = 0, kGsoUdpL4 = 5, kGsoEcn = 0x80;  // gso_type (Linux 6.2 for UDP_L4)
+
+// A frame as the packet socket gives it: the virtio-net header, the
+// Ethernet header, then the IP packet, up to a whole GSO datagram (64 KiB
+// of UDP).
+constexpr size_t kVnetBytes = sizeof(VnetHeader);
+static_assert(kVnetBytes == 10);
+constexpr size_t kMaxFrame = kVnetBytes + ETH_HLEN + w::kIpv6Bytes + 65536;
+// A GSO datagram is cut into at most this many packets (the kernel's
+// UDP_MAX_SEGMENTS); each gets its own copy of the IP and UDP headers.
+constexpr size_t kMaxSegments = 128;
+constexpr size_t kMaxSplit = kMaxFrame + kMaxSegments * (w::kIpv6Bytes + w::kUdpBytes);
 // The packet socket's receive buffer.
 constexpr int kReceiveBufferBytes = 16 << 20;
 
-// A classic BPF program for a SOCK_DGRAM packet socket (offsets start at the
-// IP header): accept IPv4 UDP to 4791 (not a fragment, any IHL) and IPv6
-// whose next header is UDP to 4791; drop everything else in the kernel.
-const sock_filter kRoceFilter[] = {
-	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 0),                 // 0: version nibble
-	BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xF0),             // 1
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x40, 0, 7),       // 2: IPv4? else 10
-	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 9),                 // 3: protocol
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 11),  // 4: else drop
-	BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 6),                 // 5: flags, fragment offset
-	BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x1FFF, 9, 0),    // 6: a later fragment: drop
-	BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, 0),                // 7: X = IHL * 4
-	BPF_STMT(BPF_LD | BPF_H | BPF_IND, 2),                 // 8: UDP destination port
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 5, 6),  // 9: accept / drop
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x60, 0, 5),       // 10: IPv6? else drop
-	BPF_STMT(BPF_LD | BPF_B | BPF_ABS, 6),                 // 11: next header
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 3),  // 12: else drop
-	BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 42),                // 13: UDP destination port
-	BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 0, 1),  // 14
-	BPF_STMT(BPF_RET | BPF_K, kMaxPacket),                 // 15: accept
-	BPF_STMT(BPF_RET | BPF_K, 0),                          // 16: drop
-};
+// A classic BPF program for a packet socket whose frames hold `link` bytes
+// of link-layer header before the IP header (an Ethernet header: 14, its
+// EtherType IPv4 or IPv6; none: 0): accept IPv4 UDP to 4791 (not a
+// fragment, any IHL) and IPv6 whose next header is UDP to 4791; drop
+// everything else in the kernel.
+std::vector<sock_filter> roce_filter(uint32_t link)
+{
+	std::vector<sock_filter> f;
+	if (link) {
+		f.push_back(BPF_STMT(BPF_LD | BPF_H | BPF_ABS, 12));              // EtherType
+		f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ETH_P_IP, 1, 0));
+		f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ETH_P_IPV6, 0, 16));  // else drop
+	}
+	const sock_filter ip[] = {
+		BPF_STMT(BPF_LD | BPF_B | BPF_ABS, link + 0),              // 0: version nibble
+		BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xF0),                 // 1
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x40, 0, 7),           // 2: IPv4? else 10
+		BPF_STMT(BPF_LD | BPF_B | BPF_ABS, link + 9),              // 3: protocol
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 11),   // 4: else drop
+		BPF_STMT(BPF_LD | BPF_H | BPF_ABS, link + 6),              // 5: flags, fragment offset
+		BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x1FFF, 9, 0),        // 6: a later fragment: drop
+		BPF_STMT(BPF_LDX | BPF_B | BPF_MSH, link),                 // 7: X = IHL * 4
+		BPF_STMT(BPF_LD | BPF_H | BPF_IND, link + 2),              // 8: UDP destination port
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 5, 6),  // 9: accept / drop
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x60, 0, 5),           // 10: IPv6? else drop
+		BPF_STMT(BPF_LD | BPF_B | BPF_ABS, link + 6),              // 11: next header
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, IPPROTO_UDP, 0, 3),    // 12: else drop
+		BPF_STMT(BPF_LD | BPF_H | BPF_ABS, link + 42),             // 13: UDP destination port
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, w::kRoceV2Port, 0, 1),  // 14
+		BPF_STMT(BPF_RET | BPF_K, kMaxFrame),                      // 15: accept
+		BPF_STMT(BPF_RET | BPF_K, 0),                              // 16: drop
+	};
+	f.insert(f.end(), std::begin(ip), std::end(ip));
+	return f;
+}
+
+int attach(int fd, std::vector<sock_filter> f)
+{
+	sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
+	return setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
+}
+
+// A packet socket bound to netdev `ifindex` that takes RoCE v2 frames only.
+// On an Ethernet (or loopback) netdev, a SOCK_RAW socket with the
+// virtio-net header, so that a GSO datagram comes up whole with its segment
+// size (`vnet`, `link` = 14); elsewhere SOCK_DGRAM, IP header first. 0 or errno.
+int packet_socket(int ifindex, unique_fd &out, bool &vnet, uint32_t &link)
+{
+	static const sock_filter kDropAll[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+	for (int type : {SOCK_RAW, SOCK_DGRAM}) {
+		// Protocol 0 takes no packet until bind(), after the filter is
+		// attached: nothing unfiltered is queued in between.
+		unique_fd fd(::socket(AF_PACKET, type | SOCK_CLOEXEC, 0));
+		if (!fd)
+			return errno;
+		sockaddr_ll sll{};
+		sll.sll_family = AF_PACKET;
+		sll.sll_protocol = htons(ETH_P_ALL);
+		sll.sll_ifindex = ifindex;
+		socklen_t len = sizeof(sll);
+		if (attach(fd.get(), {std::begin(kDropAll), std::end(kDropAll)}) ||
+		    bind(fd.get(), reinterpret_cast<sockaddr *>(&sll), sizeof(sll)) ||
+		    getsockname(fd.get(), reinterpret_cast<sockaddr *>(&sll), &len))
+			return errno;
+		bool ethernet = sll.sll_hatype == ARPHRD_ETHER || sll.sll_hatype == ARPHRD_LOOPBACK;
+		int one = 1;
+		if (type == SOCK_RAW &&
+		    (!ethernet || setsockopt(fd.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof(one))))
+			continue;
+		vnet = type == SOCK_RAW;
+		link = vnet ? ETH_HLEN : 0;
+		if (attach(fd.get(), roce_filter(link)))
+			return errno;
+		out = std::move(fd);
+		return 0;
+	}
+	return EINVAL;
+}
 
 // A UDP socket on port 4791 that takes nothing (a filter that drops every
 // datagram): the port is in use, so the kernel answers no ICMP port
@@ -65,6 +145,9 @@ unique_fd port_holder(int family)
 	int one = 1;
 	setsockopt(fd.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
 	setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	// A GSO datagram from this host's side of a veth is dropped whole, not
+	// cut into packets first (Linux 5.0; older kernels cut, then drop).
+	setsockopt(fd.get(), IPPROTO_UDP, UDP_GRO, &one, sizeof(one));
 	int rc;
 	if (family == AF_INET) {
 		sockaddr_in a{};
@@ -101,21 +184,8 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 	r->batch_end_ = std::move(batch_end);
 	r->impl_ = std::make_unique<Impl>();
 	Impl &impl = *r->impl_;
-	// Protocol 0 takes no packet until bind(), after the filter is attached:
-	// nothing unfiltered is queued in between.
-	impl.packets.reset(::socket(AF_PACKET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-	if (!impl.packets) {
-		err = errno;
-		return nullptr;
-	}
-	sock_fprog prog{static_cast<unsigned short>(std::size(kRoceFilter)), const_cast<sock_filter *>(kRoceFilter)};
-	sockaddr_ll sll{};
-	sll.sll_family = AF_PACKET;
-	sll.sll_protocol = htons(ETH_P_ALL);
-	sll.sll_ifindex = ifindex;
-	if (setsockopt(impl.packets.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) ||
-	    bind(impl.packets.get(), reinterpret_cast<sockaddr *>(&sll), sizeof(sll))) {
-		err = errno;
+	if (int e = packet_socket(ifindex, impl.packets, r->vnet_, r->link_)) {
+		err = e;
 		return nullptr;
 	}
 	// Our own sends are none of ours (the loop below would drop them): the
@@ -143,7 +213,7 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 		// kBatch per recvmmsg, until the socket has no more, before the
 		// next poll.
 		constexpr size_t kBatch = 32;
-		std::vector<uint8_t> bufs(kBatch * kMaxPacket);
+		std::vector<uint8_t> bufs(kBatch * kMaxFrame), split(kBatch * kMaxSplit);
 		std::array<iovec, kBatch> iov;
 		std::array<sockaddr_ll, kBatch> from;
 		std::array<mmsghdr, kBatch> msgs;
@@ -157,7 +227,7 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				continue;
 			for (;;) {
 				for (size_t k = 0; k < kBatch; ++k) {
-					iov[k] = {bufs.data() + k * kMaxPacket, kMaxPacket};
+					iov[k] = {bufs.data() + k * kMaxFrame, kMaxFrame};
 					msgs[k] = {};
 					msgs[k].msg_hdr.msg_iov = &iov[k];
 					msgs[k].msg_hdr.msg_iovlen = 1;
@@ -172,9 +242,12 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 					// multicast loop-back (LOOPBACK), not frames for other
 					// hosts a promiscuous link shows us.
 					uint8_t type = from[k].sll_pkttype;
-					if (msgs[k].msg_len == 0 || (type != PACKET_HOST && type != PACKET_MULTICAST))
+					if (msgs[k].msg_len <= self->vnet_ * kVnetBytes + self->link_ ||
+					    (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) ||
+					    (type != PACKET_HOST && type != PACKET_MULTICAST))
 						continue;
-					self->handle({bufs.data() + k * kMaxPacket, msgs[k].msg_len});
+					self->take({bufs.data() + k * kMaxFrame, msgs[k].msg_len},
+						   split.data() + k * kMaxSplit);
 				}
 				if (self->batch_end_)
 					self->batch_end_();
@@ -197,7 +270,35 @@ WireReceiver::~WireReceiver()
 	}
 }
 
-void WireReceiver::handle(std::span<const uint8_t> ip_packet)
+void WireReceiver::take(std::span<const uint8_t> frame, uint8_t *split)
+{
+	VnetHeader vnet{};
+	if (vnet_) {
+		std::memcpy(&vnet, frame.data(), kVnetBytes);
+		frame = frame.subspan(kVnetBytes);
+	}
+	std::span<const uint8_t> ip_packet = frame.subspan(link_);
+	switch (vnet.gso_type & ~kGsoEcn) {
+	case kGsoNone:
+		handle(ip_packet);
+		return;
+	case kGsoUdpL4:
+		split_gso(ip_packet, le16toh(vnet.gso_size), split);
+		return;
+	default:  // TCP, or UDP fragmentation: not RoCE
+		return;
+	}
+}
+
+void WireReceiver::split_gso(std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split)
+{
+	size_t n = w::split_gso(ip_packet, segment, kMaxSegments, split,
+				[this](std::span<const uint8_t> packet, bool icrc_ok) { handle(packet, icrc_ok); });
+	if (n)
+		counters_.gso.fetch_add(1, std::memory_order_relaxed);
+}
+
+void WireReceiver::handle(std::span<const uint8_t> ip_packet, bool icrc_checked)
 {
 	// The IP header's own length: a frame may carry Ethernet padding. Only
 	// UDP to 4791 counts (the socket's filter lets nothing else through).
@@ -214,7 +315,7 @@ void WireReceiver::handle(std::span<const uint8_t> ip_packet)
 		return;
 	ip_packet = ip_packet.first(len);
 	counters_.received.fetch_add(1, std::memory_order_relaxed);
-	if (!w::icrc_ok(ip_packet)) {
+	if (!icrc_checked && !w::icrc_ok(ip_packet)) {
 		counters_.bad_icrc.fetch_add(1, std::memory_order_relaxed);
 		return;
 	}

@@ -22,6 +22,7 @@ struct WireCounters {
 	std::atomic<uint64_t> bad_icrc{0};   // dropped: the ICRC did not check
 	std::atomic<uint64_t> delivered{0};  // into a receive of a QP
 	std::atomic<uint64_t> dropped{0};    // no such QP, Q_Key, receive, opcode
+	std::atomic<uint64_t> gso{0};        // GSO datagrams cut into their packets
 };
 
 class WireReceiver {
@@ -42,12 +43,20 @@ public:
 
 private:
 	WireReceiver() = default;
-	// One packet off the socket: counted, its ICRC checked, delivered.
-	void handle(std::span<const uint8_t> ip_packet);
+	// One frame off the packet socket (virtio-net header, IP packet): a
+	// packet to handle(), or a GSO datagram to split_gso().
+	void take(std::span<const uint8_t> frame, uint8_t *split);
+	// A GSO datagram: its packets (wire::split_gso, into `split`) handled in order.
+	void split_gso(std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split);
+	// One packet off the socket: counted, its ICRC checked (unless the
+	// caller did), delivered.
+	void handle(std::span<const uint8_t> ip_packet, bool icrc_checked = false);
 	struct Impl;
 	std::unique_ptr<Impl> impl_;
 	Deliver deliver_;
 	BatchEnd batch_end_;
+	bool vnet_ = false;  // frames start with a virtio-net header
+	uint32_t link_ = 0;  // then this many bytes of link-layer header
 	WireCounters counters_;
 };
 

@@ -9,7 +9,14 @@
 #   wait_listen [H]  until host H (1) listens on TCP $port
 #   start_capture F [KIB] / stop_capture F
 #                    tcpdump of UDP 4791 on the bridge into F (a KIB
-#                    buffer, 16384 by default)
+#                    buffer, 16384 by default); meanwhile each host's
+#                    kernel cuts GSO datagrams into packets before its veth
+#                    (segmentation H on|off), as before a NIC
+#   segmentation H on|off
+#                    whether host H's veth takes a GSO datagram whole
+#                    (ethtool tx-udp-segmentation; on by default)
+#   status_field H NAME
+#                    a counter of host H's `xsrc status` (wire_gso, ...)
 #   check_capture F  every packet of F decodes as InfiniBand in tshark with
 #                    none malformed and its ICRC checks; sets `packets`
 #   verbs_pair SECS PROGRAM GID [MODE]
@@ -58,7 +65,21 @@ verbs_pair() {
   wait "$server"; src=$?; server=
 }
 
+segmentation() {
+  "$hosts" run "$1" ethtool -K "${XSRC_HOSTS_IFNAME:-$XSRC_HOSTS_PREFIX-$1}" tx-udp-segmentation "$2" ||
+    bad "ethtool could not turn host $1's tx-udp-segmentation $2"
+}
+
+status_field() {
+  "$hosts" run "$1" "$XSRC" status | sed -n "s/.*\b$2=\([0-9]*\).*/\1/p" | head -1
+}
+
+# A GSO datagram crosses a veth and the bridge whole (xsrcd splits it), so
+# a capture on the bridge would show it as one: for the capture, each host's
+# kernel cuts it into the packets a NIC would put on a wire.
 start_capture() {
+  segmentation 1 off
+  segmentation 2 off
   ip netns exec "$XSRC_HOSTS_PREFIX-br" tcpdump -i br0 -B "${2:-16384}" -U -n -w "$1" udp port 4791 2>"$1.log" &
   capture=$!
   for _ in $(seq 100); do grep -q "listening on" "$1.log" 2>/dev/null && return 0; sleep 0.1; done
@@ -77,6 +98,8 @@ stop_capture() {
   done
   kill -INT "$capture"; wait "$capture" 2>/dev/null; capture=
   grep -E "captured|dropped" "$1.log"
+  segmentation 1 on
+  segmentation 2 on
 }
 
 check_capture() {

@@ -14,9 +14,6 @@ port=$1
 export XSRC_HOSTS_PREFIX=xsrcud
 . "$(dirname "$0")/lib.sh"
 sender=$here/../wire/roce_send.py
-status_field() {
-  "$hosts" run "$1" "$XSRC" status | sed -n "s/.*\b$2=\([0-9]*\).*/\1/p" | head -1
-}
 pingpong() {
   local sh=$1 ch=$2 addr=$3 gid=$4 size=$5
   timeout 60 "$hosts" run "$sh" ibv_ud_pingpong -d xsrc0 -g "$gid" -p "$port" -s "$size" -n 200 -c \

@@ -302,3 +302,156 @@ TEST(WireGid, Ipv4Mapped)
 	gid[10] = 0;
 	EXPECT_FALSE(w::gid_is_ipv4_mapped(gid));
 }
+
+namespace {
+
+// The packets a kernel cuts a GSO datagram of `sizes` UDP payloads into
+// (RC WRITE MIDDLE packets: BTH, payload, ICRC), over IPv4 or IPv6; an
+// IPv4 packet's ID is `id(k)`. Each is a whole IP packet with its ICRC.
+std::vector<std::vector<uint8_t>> kernel_segments(bool v6, const std::vector<size_t> &sizes,
+						  uint16_t (*id)(size_t))
+{
+	std::vector<std::vector<uint8_t>> out;
+	for (size_t k = 0; k < sizes.size(); ++k) {
+		size_t ip_len = v6 ? w::kIpv6Bytes : w::kIpv4Bytes;
+		uint16_t udp_len = static_cast<uint16_t>(w::kUdpBytes + sizes[k]);
+		std::vector<uint8_t> p(ip_len + udp_len);
+		if (v6) {
+			w::Ipv6 ip;
+			ip.payload_length = udp_len;
+			inet_pton(AF_INET6, "fd77::2", &ip.src);
+			inet_pton(AF_INET6, "fd77::1", &ip.dst);
+			w::encode(ip, std::span<uint8_t, w::kIpv6Bytes>(p.data(), w::kIpv6Bytes));
+		} else {
+			w::Ipv4 ip;
+			ip.total_length = static_cast<uint16_t>(ip_len + udp_len);
+			ip.id = id(k);
+			inet_pton(AF_INET, "10.77.0.2", &ip.src);
+			inet_pton(AF_INET, "10.77.0.1", &ip.dst);
+			w::encode(ip, std::span<uint8_t, w::kIpv4Bytes>(p.data(), w::kIpv4Bytes));
+		}
+		w::encode(w::Udp{49152, w::kRoceV2Port, udp_len, 0},
+			  std::span<uint8_t, w::kUdpBytes>(p.data() + ip_len, w::kUdpBytes));
+		w::Bth bth;
+		bth.opcode = w::op::kWriteMiddle;
+		bth.dest_qpn = 0x100;
+		bth.psn = static_cast<uint32_t>(k);
+		w::encode(bth, std::span<uint8_t, w::kBthBytes>(p.data() + ip_len + w::kUdpBytes, w::kBthBytes));
+		size_t payload_at = ip_len + w::kUdpBytes + w::kBthBytes;
+		for (size_t i = payload_at; i + w::kIcrcBytes < p.size(); ++i)
+			p[i] = static_cast<uint8_t>(i * 7 + k);
+		uint32_t crc = *w::icrc(std::span<const uint8_t>(p).first(p.size() - w::kIcrcBytes));
+		w::store_icrc(crc, std::span<uint8_t, w::kIcrcBytes>(p.data() + p.size() - w::kIcrcBytes, w::kIcrcBytes));
+		out.push_back(std::move(p));
+	}
+	return out;
+}
+
+// The datagram before the cut: the first packet's IP and UDP headers with
+// the whole length, then every packet's UDP payload.
+std::vector<uint8_t> gso_datagram(bool v6, const std::vector<std::vector<uint8_t>> &packets)
+{
+	size_t headers = (v6 ? w::kIpv6Bytes : w::kIpv4Bytes) + w::kUdpBytes;
+	std::vector<uint8_t> d(packets[0].begin(), packets[0].begin() + static_cast<long>(headers));
+	for (const auto &p : packets)
+		d.insert(d.end(), p.begin() + static_cast<long>(headers), p.end());
+	uint16_t udp_len = static_cast<uint16_t>(d.size() - headers + w::kUdpBytes);
+	size_t ip_len = headers - w::kUdpBytes;
+	d[ip_len + 4] = static_cast<uint8_t>(udp_len >> 8);
+	d[ip_len + 5] = static_cast<uint8_t>(udp_len);
+	uint16_t len = static_cast<uint16_t>(v6 ? udp_len : d.size());
+	d[v6 ? 4 : 2] = static_cast<uint8_t>(len >> 8);
+	d[v6 ? 5 : 3] = static_cast<uint8_t>(len);
+	return d;
+}
+
+std::vector<std::vector<uint8_t>> split(const std::vector<uint8_t> &datagram, size_t segment, size_t max,
+					size_t &count, size_t &checked)
+{
+	std::vector<uint8_t> room(datagram.size() + 64 * (w::kIpv6Bytes + w::kUdpBytes));
+	std::vector<std::vector<uint8_t>> got;
+	checked = 0;
+	count = w::split_gso(datagram, segment, max, room.data(), [&](std::span<const uint8_t> p, bool ok) {
+		got.emplace_back(p.begin(), p.end());
+		checked += ok;
+	});
+	return got;
+}
+
+uint16_t id_by_index(size_t k) { return static_cast<uint16_t>(k); }
+uint16_t id_fixed(size_t) { return 0; }
+
+}  // namespace
+
+// What the kernel makes of a GSO datagram that it cuts itself (before a NIC,
+// or at a UDP socket): packets numbered from the datagram's ID, each with
+// its own lengths and the ICRC its sender computed for them.
+TEST(WireGso, SplitsAsTheKernelCutsIpv4)
+{
+	const std::vector<size_t> sizes{1040, 1040, 1040, 1040, 300};
+	auto want = kernel_segments(false, sizes, id_by_index);
+	size_t count = 0, checked = 0;
+	auto got = split(gso_datagram(false, want), 1040, 64, count, checked);
+	EXPECT_EQ(count, sizes.size());
+	EXPECT_EQ(got, want);
+	EXPECT_EQ(checked, sizes.size() - 1);  // all but the first had their ICRC checked on the way
+	for (const auto &p : got)
+		EXPECT_TRUE(w::icrc_ok(p));
+}
+
+TEST(WireGso, SplitsIpv6)
+{
+	const std::vector<size_t> sizes{1040, 1040, 1040};
+	auto want = kernel_segments(true, sizes, id_fixed);
+	size_t count = 0, checked = 0;
+	auto got = split(gso_datagram(true, want), 1040, 64, count, checked);
+	EXPECT_EQ(count, 3u);
+	EXPECT_EQ(got, want);
+	EXPECT_EQ(checked, 0u);  // handle() checks them
+}
+
+// Packets sent with one fixed ID (ID 0 from an unconnected socket with DF,
+// as rxe's and ours without GSO) that a netdev's GRO merged.
+TEST(WireGso, PacketsGroMergedKeepTheirFixedId)
+{
+	const std::vector<size_t> sizes{1040, 1040, 1040, 1040};
+	auto want = kernel_segments(false, sizes, id_fixed);
+	size_t count = 0, checked = 0;
+	auto got = split(gso_datagram(false, want), 1040, 64, count, checked);
+	EXPECT_EQ(got, want);
+	for (const auto &p : got)
+		EXPECT_TRUE(w::icrc_ok(p));
+}
+
+TEST(WireGso, RefusesWhatIsNoUdpDatagramOrTooManyPackets)
+{
+	auto packets = kernel_segments(false, {1040, 1040, 1040}, id_by_index);
+	auto datagram = gso_datagram(false, packets);
+	size_t count = 0, checked = 0;
+	EXPECT_TRUE(split(datagram, 1040, 2, count, checked).empty());  // more packets than allowed
+	EXPECT_EQ(count, 0u);
+	EXPECT_TRUE(split(datagram, 0, 64, count, checked).empty());
+	EXPECT_EQ(count, 0u);
+	auto tcp = datagram;
+	tcp[9] = 6;  // protocol TCP
+	EXPECT_TRUE(split(tcp, 1040, 64, count, checked).empty());
+	auto options = datagram;
+	options[0] = 0x46;  // IHL 6
+	EXPECT_TRUE(split(options, 1040, 64, count, checked).empty());
+	std::vector<uint8_t> headers_only(datagram.begin(), datagram.begin() + 28);
+	EXPECT_TRUE(split(headers_only, 1040, 64, count, checked).empty());
+	EXPECT_EQ(count, 0u);
+}
+
+// A segment size that does not match the packets inside cuts them wrong:
+// every ICRC then fails (counted bad by the receiver), nothing is made up.
+TEST(WireGso, AWrongSegmentSizeFailsTheIcrcs)
+{
+	auto packets = kernel_segments(false, {1040, 1040, 1040}, id_by_index);
+	size_t count = 0, checked = 0;
+	auto got = split(gso_datagram(false, packets), 1000, 64, count, checked);
+	EXPECT_EQ(count, 4u);
+	EXPECT_EQ(checked, 0u);
+	for (const auto &p : got)
+		EXPECT_FALSE(w::icrc_ok(p));
+}
