@@ -24,10 +24,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "common/iov.h"
 #include "common/ring_ops.h"
@@ -687,7 +689,9 @@ uint32_t read_packets(uint64_t length, uint32_t mtu)
 	return length ? static_cast<uint32_t>((length + mtu - 1) / mtu) : 1;
 }
 
-// READ responses `from` .. the last of a saved READ.
+// READ responses `from` .. the last of a saved READ: a batch of packets'
+// bytes read from the responder's memory with one process_vm_readv, and
+// sent together (a run of MIDDLE responses as one GSO datagram).
 void send_read_responses(Device &dev, const Packet &pk, const Qp &qp, const WireResponderState &st,
 			 const WireResponderState::Replay &r, uint32_t from)
 {
@@ -695,31 +699,41 @@ void send_read_responses(Device &dev, const Packet &pk, const Qp &qp, const Wire
 	if (!s)
 		return;
 	uint32_t mtu = qp_mtu(dev, qp);
-	std::array<uint8_t, 4096> data;
-	for (uint32_t k = from; k < r.packets; ++k) {
-		uint64_t offset = uint64_t(k) * mtu;
-		size_t len = static_cast<size_t>(std::min<uint64_t>(mtu, r.length - std::min(r.length, offset)));
-		uint8_t code = r.packets == 1	    ? op::kReadResponseOnly
-			       : k == 0		    ? op::kReadResponseFirst
-			       : k + 1 == r.packets ? op::kReadResponseLast
-						    : op::kReadResponseMiddle;
-		std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
-		w::Bth bth;
-		bth.opcode = response_transport(qp) | code;
-		bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
-		bth.psn = (r.psn + k) & w::kPsnMask;
-		bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
-		w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
-		size_t n = w::kBthBytes;
-		if (code != op::kReadResponseMiddle) {
-			w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
-				  std::span<uint8_t, w::kAethBytes>(hdr.data() + n, w::kAethBytes));
-			n += w::kAethBytes;
-		}
-		iovec local{data.data(), len}, remote{reinterpret_cast<void *>(r.va + offset), len};
-		if (len && process_vm_readv(r.pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(len))
+	constexpr size_t kChunk = w::PacketBatch::kCapacity;
+	thread_local std::vector<uint8_t> data;
+	data.resize(kChunk * 4096);  // qp_mtu() is 4096 at most
+	w::PacketBatch out(*s, pk.sgid);
+	for (uint32_t first = from; first < r.packets; first += kChunk) {
+		uint32_t last = static_cast<uint32_t>(std::min<uint64_t>(r.packets, first + kChunk));
+		uint64_t start = std::min(r.length, uint64_t(first) * mtu);
+		uint64_t bytes = std::min(r.length, uint64_t(last) * mtu) - start;
+		iovec local{data.data(), static_cast<size_t>(bytes)}, remote{reinterpret_cast<void *>(r.va + start), local.iov_len};
+		if (bytes && process_vm_readv(r.pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(bytes))
 			return;  // the memory went away: the requester times out
-		(void)w::send_packet(*s, pk.sgid, {hdr.data(), n}, &local, len ? 1 : 0, len);
+		for (uint32_t k = first; k < last; ++k) {
+			uint64_t offset = uint64_t(k) * mtu;
+			size_t len = static_cast<size_t>(std::min<uint64_t>(mtu, r.length - std::min(r.length, offset)));
+			uint8_t code = r.packets == 1	    ? op::kReadResponseOnly
+				       : k == 0		    ? op::kReadResponseFirst
+				       : k + 1 == r.packets ? op::kReadResponseLast
+							    : op::kReadResponseMiddle;
+			std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
+			w::Bth bth;
+			bth.opcode = response_transport(qp) | code;
+			bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
+			bth.psn = (r.psn + k) & w::kPsnMask;
+			bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+			w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
+			size_t n = w::kBthBytes;
+			if (code != op::kReadResponseMiddle) {
+				w::encode(w::Aeth{w::aeth::kAck, st.msn & w::kPsnMask},
+					  std::span<uint8_t, w::kAethBytes>(hdr.data() + n, w::kAethBytes));
+				n += w::kAethBytes;
+			}
+			iovec payload{data.data() + (offset - start), len};
+			(void)out.add({hdr.data(), n}, &payload, len ? 1 : 0, len);
+		}
+		(void)out.flush();  // before the next chunk's bytes take the buffer
 	}
 }
 

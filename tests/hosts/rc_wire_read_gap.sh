@@ -1,6 +1,8 @@
 #!/bin/bash
-# RDMA READ past lost responses: host 1's link drops four READ Response
-# MIDDLE packets (opcode 0x0E) over four READs of 1 MiB; the requester's
+# RDMA READ past lost responses: host 1's link drops four datagrams of READ
+# Response MIDDLE packets (opcode 0x0E; with UDP GSO one datagram holds a
+# run of up to 64 of them, cut into packets after the hook) over four
+# READs of 1 MiB; the requester's
 # local ACK timeout is 4.3 s (timeout 20). Each READ must complete with its
 # data intact before that timer could have run out: the requester asks again
 # from the first missing response as soon as a later response shows the gap
@@ -17,13 +19,15 @@ hosts_up
 command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }
 ns=$XSRC_HOSTS_PREFIX-1
 # The BTH's opcode is the first byte after the UDP header (bit 64 of @th).
-# numgen counts the MIDDLE responses host 1 sends; four of them, far enough
-# apart that a response asked for again is never the one dropped again.
+# numgen counts the MIDDLE datagrams host 1 sends; four of them, apart so
+# that a response asked for again is never the one dropped again (with GSO
+# a READ of 1 MiB is about 17 datagrams: one drop in each of the READs;
+# without, all four fall in the first READ's 1022).
 ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
 table netdev readgap {
   chain out {
     type filter hook egress device "$ns" priority 0;
-    udp dport 4791 @th,64,8 0x0e numgen inc mod 1000000 { 300, 1500, 2700, 3900 } counter drop
+    udp dport 4791 @th,64,8 0x0e numgen inc mod 1000000 { 5, 25, 45, 65 } counter drop
   }
 }
 NFT
@@ -33,7 +37,7 @@ echo "== server"; cat "$dir/server"
 [ $rc -eq 0 ] || bad "client exit $rc"
 [ $src -eq 0 ] || bad "server exit $src"
 dropped=$(ip netns exec "$ns" nft list chain netdev readgap out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p')
-echo "host 1 dropped $dropped READ responses"
+echo "host 1 dropped $dropped datagrams of READ responses"
 [ "${dropped:-0}" -ge 3 ] || bad "the link dropped ${dropped:-0} READ responses, not the 3 or 4 planned"
 "$hosts" run 2 "$XSRC" status
 finish rc_wire_read_gap
