@@ -18,7 +18,10 @@
 set -u
 port=$1
 mode=$2
-export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-xsrccm}
+# Hosts of its own for each mode (xsrccm, xsrccr, xsrccl), so that the
+# three CTest cases may run side by side (ctest -j).
+case $mode in connect) own=xsrccm ;; refused) own=xsrccr ;; *) own=xsrccl ;; esac
+export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-$own}
 . "$(dirname "$0")/lib.sh"
 
 # on HOST CMD...: CMD under `xsrc run` on that host.
