@@ -23,6 +23,7 @@ mode=$2
 case $mode in connect) own=xsrccm ;; refused) own=xsrccr ;; *) own=xsrccl ;; esac
 export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-$own}
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../rdmacm/rping_race.sh"
 
 # on HOST CMD...: CMD under `xsrc run` on that host.
 on() {
@@ -43,6 +44,7 @@ pair() {
   local start=$SECONDS
   timeout "$limit" "$hosts" run 2 "$XSRC" run -- "${c[@]}" >"$dir/client" 2>&1
   local rc=$?
+  [ "${c[0]}" = rping ] && rc=$(rping_client_rc $rc "$dir/client")
   wait "$server"
   local src=$?
   server=

@@ -4,6 +4,7 @@
 # capability, and verbs, UCX and rdma_cm programs work; `xsrc up` stays root's.
 #   uid_run.sh PORT
 set -u
+. "$(dirname "$0")/../rdmacm/rping_race.sh"
 port=$1
 nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
 dir=$(mktemp -d)
@@ -48,7 +49,7 @@ run_as_nobody rping -s -a "$addr" -p $((port + 2)) -C 20 -V -S 4096 >"$dir/serve
 sp=$!
 sleep 1
 run_as_nobody rping -c -a "$addr" -p $((port + 2)) -C 20 -V -S 4096 >"$dir/client" 2>&1
-crc=$?
+crc=$(rping_client_rc $? "$dir/client")
 wait $sp; src=$?
 echo "== rping -V over $addr: server exit $src, client exit $crc"
 if [ $src -ne 0 ] || [ $crc -ne 0 ]; then cat "$dir/server" "$dir/client"; rc=1; fi

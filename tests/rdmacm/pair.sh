@@ -10,6 +10,7 @@
 # that --serves-forever (cmtime's) must still be serving when the client is
 # done, and is then stopped.
 set -u
+. "$(dirname "$0")/rping_race.sh"
 forever=0
 if [ "$1" = --serves-forever ]; then forever=1; shift; fi
 kind=$1; limit=$2; shift 2
@@ -41,6 +42,9 @@ pid=$!
 sleep 1  # the server binds and listens before it prints anything
 timeout "$limit" "$XSRC" run -- "${client[@]}" >"$dir/client" 2>&1
 client_rc=$?
+if [ "$(basename "${client[0]}")" = rping ]; then
+  client_rc=$(rping_client_rc $client_rc "$dir/client")
+fi
 if [ $forever -eq 1 ]; then
   if kill -0 $pid 2>/dev/null; then server_rc=0; kill $pid; else server_rc=dead; fi
   wait $pid 2>/dev/null
