@@ -182,6 +182,16 @@ const xsrc_wire_socket *xsrc_wire_sender::find_or_make(const std::array<uint8_t,
 namespace xsrc::wire {
 namespace {
 
+// A packet's pad: its payload rounded up to whole 32-bit words.
+constexpr size_t pad_of(size_t payload_len) noexcept { return (4 - payload_len % 4) % 4; }
+
+// What one packet puts in its UDP datagram: our headers, the payload, its pad
+// and the ICRC.
+constexpr size_t udp_payload_of(size_t header_len, size_t payload_len) noexcept
+{
+	return header_len + payload_len + pad_of(payload_len) + kIcrcBytes;
+}
+
 // Lays out one packet for sendmsg: the pad and the ICRC (computed over the
 // IP and UDP headers the kernel will write, ours, the payload and the pad)
 // into `tail`, the pieces into `iov`. Returns how many iovecs, or 0 when the
@@ -192,10 +202,9 @@ size_t lay_out(const xsrc_wire_socket &s, const std::array<uint8_t, 16> &dgid, s
 {
 	if (headers.size() > kMaxHeaders || npayload > kMaxPayloadIov)
 		return 0;
-	size_t pad = (4 - payload_len % 4) % 4;
+	size_t pad = pad_of(payload_len);
 	std::array<uint8_t, kIpv6Bytes + kUdpBytes + kMaxHeaders> pseudo{};
-	size_t udp_payload = headers.size() + payload_len + pad + kIcrcBytes;
-	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload, ip_id, pseudo.data());
+	size_t ip_udp = predict_ip_udp(s, dgid, udp_payload_of(headers.size(), payload_len), ip_id, pseudo.data());
 	std::memcpy(pseudo.data() + ip_udp, headers.data(), headers.size());
 	uint32_t crc = *icrc(std::span<const uint8_t>(pseudo.data(), ip_udp + headers.size()));
 	for (size_t i = 0; i < npayload; ++i)
@@ -290,7 +299,7 @@ int PacketBatch::add(std::span<const uint8_t> headers, const iovec *payload, siz
 	std::memcpy(p.headers.data(), headers.data(), headers.size());
 	p.header_len = headers.size();
 	p.payload_len = payload_len;
-	p.udp_payload = headers.size() + payload_len + (4 - payload_len % 4) % 4 + kIcrcBytes;
+	p.udp_payload = udp_payload_of(headers.size(), payload_len);
 	p.first_iov = iov_used_;
 
 	// Joins the last datagram as its next segment when it has that size

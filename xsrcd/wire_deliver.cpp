@@ -34,6 +34,7 @@
 #include "common/iov.h"
 #include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
+#include "netdev.h"
 #include "rings.h"
 #include "wire/headers.h"
 #include "wire/sender.h"
@@ -674,13 +675,13 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 // The path MTU of a QP, as its requester cuts READ responses: the QP's
 // path_mtu, no more than the port's (the largest IB MTU that fits the
 // netdev's MTU with the RoCE headers).
+constexpr uint32_t kMaxIbMtu = 128u << IBV_MTU_4096;
+
 uint32_t qp_mtu(const Device &dev, const Qp &qp)
 {
-	uint32_t port = 4096;
-	while (port > 256 && port + 80 > dev.netdev.mtu)
-		port /= 2;
+	uint32_t port = 128u << ib_mtu_from_netdev_mtu(dev.netdev.mtu);
 	uint8_t path = qp.attributes().path_mtu;
-	uint32_t mtu = path >= 1 && path <= 5 ? 128u << path : 1024u;
+	uint32_t mtu = path >= IBV_MTU_256 && path <= IBV_MTU_4096 ? 128u << path : 1024u;
 	return std::min(mtu, port);
 }
 
@@ -701,7 +702,7 @@ void send_read_responses(Device &dev, const Packet &pk, const Qp &qp, const Wire
 	uint32_t mtu = qp_mtu(dev, qp);
 	constexpr size_t kChunk = w::PacketBatch::kCapacity;
 	thread_local std::vector<uint8_t> data;
-	data.resize(kChunk * 4096);  // qp_mtu() is 4096 at most
+	data.resize(kChunk * kMaxIbMtu);
 	w::PacketBatch out(*s, pk.sgid);
 	for (uint32_t first = from; first < r.packets; first += kChunk) {
 		uint32_t last = static_cast<uint32_t>(std::min<uint64_t>(r.packets, first + kChunk));

@@ -17,6 +17,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -89,9 +90,14 @@ std::vector<sock_filter> roce_filter(uint32_t link)
 	return f;
 }
 
-int attach(int fd, std::vector<sock_filter> f)
+// A program that takes nothing: for a packet socket until its own filter
+// is in place, for the port holders for good.
+constexpr sock_filter kDropAll[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+
+int attach(int fd, std::span<const sock_filter> f)
 {
-	sock_fprog prog{static_cast<unsigned short>(f.size()), f.data()};
+	// SO_ATTACH_FILTER copies the program; the cast is the kernel's API.
+	sock_fprog prog{static_cast<unsigned short>(f.size()), const_cast<sock_filter *>(f.data())};
 	return setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
 }
 
@@ -101,7 +107,6 @@ int attach(int fd, std::vector<sock_filter> f)
 // size (`vnet`, `link` = 14); elsewhere SOCK_DGRAM, IP header first. 0 or errno.
 int packet_socket(int ifindex, unique_fd &out, bool &vnet, uint32_t &link)
 {
-	static const sock_filter kDropAll[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
 	for (int type : {SOCK_RAW, SOCK_DGRAM}) {
 		// Protocol 0 takes no packet until bind(), after the filter is
 		// attached: nothing unfiltered is queued in between.
@@ -113,7 +118,7 @@ int packet_socket(int ifindex, unique_fd &out, bool &vnet, uint32_t &link)
 		sll.sll_protocol = htons(ETH_P_ALL);
 		sll.sll_ifindex = ifindex;
 		socklen_t len = sizeof(sll);
-		if (attach(fd.get(), {std::begin(kDropAll), std::end(kDropAll)}) ||
+		if (attach(fd.get(), kDropAll) ||
 		    bind(fd.get(), reinterpret_cast<sockaddr *>(&sll), sizeof(sll)) ||
 		    getsockname(fd.get(), reinterpret_cast<sockaddr *>(&sll), &len))
 			return errno;
@@ -140,10 +145,8 @@ unique_fd port_holder(int family)
 	unique_fd fd(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
 	if (!fd)
 		return fd;
-	static const sock_filter kDropAll[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
-	sock_fprog prog{1, const_cast<sock_filter *>(kDropAll)};
 	int one = 1;
-	setsockopt(fd.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
+	attach(fd.get(), kDropAll);
 	setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	// A GSO datagram from this host's side of a veth is dropped whole, not
 	// cut into packets first (Linux 5.0; older kernels cut, then drop).
