@@ -4,8 +4,9 @@
 // ONLY), numbered with PSNs. UC sends them and is done. RC keeps each
 // message until the responder acknowledges its last PSN, with a window of
 // packets in flight; ACKs complete messages in order; a PSN sequence NAK
-// or the local ACK timeout (4.096 us * 2^timeout, retry_cnt times) resends
-// from the oldest unacknowledged PSN (go-back-N); an RNR NAK waits its
+// or the local ACK timeout (4.096 us * 2^timeout) resends from the oldest
+// unacknowledged PSN (go-back-N), the two together retry_cnt times without
+// progress (one NAK per try, as rxe counts them); an RNR NAK waits its
 // timer (rnr_retry times, 7 = forever); error NAKs and exhausted retries
 // complete with the error and move the QP to ERR. An XRC send QP is RC with
 // the XRC opcodes and an XRCETH naming the remote SRQ in every request.
@@ -113,6 +114,10 @@ struct xsrc_wire_qp {
 	uint64_t rnr_until_ns = 0;  // an RNR NAK holds the sending until then
 	int retries_left = -1;      // -1: not counting yet
 	int rnr_retries_left = -1;
+	// A PSN sequence NAK sent us back and nothing was acknowledged since:
+	// a NAK for the same PSN (duplicated on the way, or a peer that NAKs
+	// again) starts no second go-back; the ACK timer's next try does.
+	bool nak_retry = false;
 	// The una_psn from which a response past a lost one had the request
 	// sent again at once; not again for that gap (the timer's, if lost too).
 	std::optional<uint32_t> asked_again_from;
@@ -396,6 +401,7 @@ void complete_msg(xsrc_context *ctx, xsrc_qp *qp, const xsrc_wire_msg &m, ibv_wc
 void rearm(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq)
 {
 	wq.retries_left = -1;
+	wq.nak_retry = false;
 	wq.deadline_ns = wq.size ? xsrc_requester_now_ns() + ack_timeout_ns(qp) : 0;
 	if (wq.deadline_ns)
 		ctx->wire_engine->poke(wq.deadline_ns);
@@ -459,6 +465,22 @@ void fail_head(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, ibv_wc_status s
 	xsrc_requester_flush(qp);
 }
 
+// One more try of what is unacknowledged, counted against retry_cnt as
+// rxe and the IBTA count them (a local ACK timeout, or a PSN sequence NAK
+// with no progress since the last try). False, with the head message
+// completed as IBV_WC_RETRY_EXC_ERR and the QP in error, once retry_cnt
+// tries were spent.
+bool spend_retry(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq)
+{
+	if (wq.retries_left < 0)
+		wq.retries_left = qp->entry->retry_cnt;
+	if (wq.retries_left-- == 0) {
+		fail_head(ctx, qp, wq, IBV_WC_RETRY_EXC_ERR);
+		return false;
+	}
+	return true;
+}
+
 // A response from the responder (under sq_lock).
 void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth &bth, const w::Aeth &aeth,
 		 uint64_t now)
@@ -490,7 +512,10 @@ void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth 
 		if (psn != wq.una_psn)
 			return;  // stale
 		switch (aeth.syndrome & 0x1F) {
-		case 0:  // PSN sequence error: go back
+		case 0:  // PSN sequence error: go back, once per try
+			if (wq.nak_retry || !spend_retry(ctx, qp, wq))
+				return;
+			wq.nak_retry = true;
 			rewind(wq);
 			break;
 		case 1:
@@ -619,12 +644,9 @@ uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now
 		pump(qp, wq, now);
 	if (now < wq.deadline_ns)
 		return wq.deadline_ns;
-	if (wq.retries_left < 0)
-		wq.retries_left = qp->entry->retry_cnt;
-	if (wq.retries_left-- == 0) {
-		fail_head(ctx, qp, wq, IBV_WC_RETRY_EXC_ERR);
+	if (!spend_retry(ctx, qp, wq))
 		return 0;
-	}
+	wq.nak_retry = false;  // a NAK for this try goes back again
 	rewind(wq);
 	wq.deadline_ns = 0;
 	pump(qp, wq, now);
@@ -1057,6 +1079,7 @@ void xsrc_wire_qp_flush(xsrc_qp *qp, bool forget) noexcept
 	wq.send_psn = wq.una_psn = wq.sent_high = wq.next_psn;
 	wq.deadline_ns = wq.rnr_until_ns = 0;
 	wq.retries_left = wq.rnr_retries_left = -1;
+	wq.nak_retry = false;
 }
 
 void xsrc_wire_qp_destroy(xsrc_context *ctx, xsrc_qp *qp) noexcept
