@@ -1,8 +1,13 @@
 #!/bin/bash
-# RC across hosts on a bad link: tc netem on both hosts' veths drops 3 % of
-# the packets, duplicates 1 % and delays them 1 ms +- 1 ms (which reorders
-# them); where the kernel has no netem, nftables drops, duplicates and marks
-# 3 % that an HTB class holds back behind the rest (see make_lossy). ibv_rc_pingpong --chk at 256 KiB must still complete with correct
+# RC across hosts on a bad link: tc netem drops 3 % of the packets each
+# way, duplicates 1 % and delays them 1 ms +- 1 ms (which reorders them);
+# where the kernel has no netem, nftables drops, duplicates and marks 3 %
+# that an HTB class holds back behind the rest (see make_lossy). The two
+# directions lose differently: from host 1 the emulator sits on host 1's
+# veth, where a UDP GSO datagram is still one skb (a loss takes a whole run
+# of up to 64 packets); from host 2 it sits on the bridge's port to host 1,
+# and host 2's veth cuts GSO datagrams first (tx-udp-segmentation off), so
+# single packets are lost, doubled and reordered, as on a wire. ibv_rc_pingpong --chk at 256 KiB must still complete with correct
 # data (PSN sequence NAKs and go-back-N, the local ACK timeout, duplicates
 # re-ACKed), and so must rc_wire_verbs' transfers (WRITE, READ, SEND, the
 # data checked; FetchAdd/CmpSwap with the counter exact; ATOMIC WRITE; the
@@ -38,17 +43,17 @@ run_pair() {
 }
 
 hosts_up
-# make_lossy I: host I's veth loses, duplicates, delays and reorders what it
-# sends. With netem (the kernel's sch_netem) in one qdisc; a kernel without
-# it (some CI VMs, this one) gets nftables' netdev egress hook, which drops
-# 3 % and duplicates 1 % of the RoCE packets at random and gives another
-# 3 % the priority of a 20 Mbit/s class of an HTB qdisc (HTB takes a
-# packet's priority as its class; this kernel has neither the fw classifier
-# nor u32's mark match): they wait there (up to 64 packets, ~30 ms) while
-# the rest overtake them, so they arrive late and out of order.
+# make_lossy NS DEV: DEV (in namespace NS) loses, duplicates, delays and
+# reorders what it sends. With netem (the kernel's sch_netem) in one qdisc;
+# a kernel without it (some CI VMs, this one) gets nftables' netdev egress
+# hook, which drops 3 % and duplicates 1 % of the RoCE packets at random
+# and gives another 3 % the priority of a 20 Mbit/s class of an HTB qdisc
+# (HTB takes a packet's priority as its class; this kernel has neither the
+# fw classifier nor u32's mark match): they wait there (up to 64 packets,
+# ~30 ms) while the rest overtake them, so they arrive late and out of order.
 emulator=
 make_lossy() {
-  local ns=$XSRC_HOSTS_PREFIX-$1 dev=$XSRC_HOSTS_PREFIX-$1
+  local ns=$1 dev=$2
   ip -n "$ns" link set "$dev" txqueuelen 10000
   if tc -n "$ns" qdisc add dev "$dev" root netem loss 3% duplicate 1% delay 1ms 1ms limit 100000 2>/dev/null; then
     emulator=netem
@@ -71,26 +76,34 @@ NFT
     tc -n "$ns" qdisc add dev "$dev" parent 1:20 handle 20: pfifo limit 64 || return 1
   emulator=nftables+htb
 }
-# delayed I: packets host I's emulator held back (netem delays them all).
+# Where the emulator of direction I (from host I) sits: "NS DEV".
+link_of() {
+  if [ "$1" = 1 ]; then echo "$XSRC_HOSTS_PREFIX-1 $XSRC_HOSTS_PREFIX-1"; else echo "$XSRC_HOSTS_PREFIX-br port1"; fi
+}
+# delayed I: packets direction I's emulator held back (netem delays them all).
 delayed() {
-  local ns=$XSRC_HOSTS_PREFIX-$1
+  local ns dev
+  read -r ns dev <<<"$(link_of "$1")"
   if [ "$emulator" = netem ]; then
-    tc -n "$ns" -s qdisc show dev "$ns" | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p' | head -1
+    tc -n "$ns" -s qdisc show dev "$dev" | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p' | head -1
   else
-    tc -n "$ns" -s class show dev "$ns" classid 1:20 | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p'
+    tc -n "$ns" -s class show dev "$dev" classid 1:20 | sed -n 's/.*Sent [0-9]* bytes \([0-9]*\) pkt.*/\1/p'
   fi
 }
-# dropped I: packets host I's emulator dropped.
+# dropped I: packets direction I's emulator dropped.
 dropped() {
-  local ns=$XSRC_HOSTS_PREFIX-$1
+  local ns dev
+  read -r ns dev <<<"$(link_of "$1")"
   if [ "$emulator" = netem ]; then
-    tc -n "$ns" -s qdisc show dev "$ns" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1
+    tc -n "$ns" -s qdisc show dev "$dev" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1
   else
     ip netns exec "$ns" nft list chain netdev lossy out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p'
   fi
 }
+segmentation 2 off
 for i in 1 2; do
-  make_lossy "$i" || { echo "FAIL: neither tc netem nor nftables can make host $i's link lossy"; exit 1; }
+  # shellcheck disable=SC2046
+  make_lossy $(link_of "$i") || { echo "FAIL: neither tc netem nor nftables can make the link from host $i lossy"; exit 1; }
 done
 echo "lossy link: $emulator"
 
@@ -148,10 +161,11 @@ for prog in ib_write_bw ib_read_bw ib_send_bw; do
   fi
 done
 for i in 1 2; do
-  echo "host $i: $emulator dropped $(dropped "$i") packets, delayed $(delayed "$i")"
+  what=$([ "$i" = 1 ] && echo "datagrams" || echo "packets")
+  echo "from host $i: $emulator dropped $(dropped "$i") $what, delayed $(delayed "$i")"
   "$hosts" run "$i" "$XSRC" status
-  [ "$(dropped "$i")" -gt 0 ] || bad "host $i's link dropped nothing: it was not lossy"
-  [ "$(delayed "$i")" -gt 0 ] || bad "host $i's link delayed no packet"
+  [ "$(dropped "$i")" -gt 0 ] || bad "the link from host $i dropped nothing: it was not lossy"
+  [ "$(delayed "$i")" -gt 0 ] || bad "the link from host $i delayed nothing"
 done
 
 finish rc_wire_lossy
