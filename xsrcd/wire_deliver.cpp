@@ -48,8 +48,8 @@ namespace op = w::op;
 // A packet taken apart: its addresses, BTH, headers and payload.
 struct Packet {
 	std::span<const uint8_t> ip_header;
-	std::array<uint8_t, 16> sgid{};   // the sender's address as a GID
-	std::array<uint8_t, 16> dgid{};   // ours
+	std::array<uint8_t, 16> sgid;     // the sender's address as a GID (parse() sets both)
+	std::array<uint8_t, 16> dgid;     // ours
 	w::Bth bth;
 	uint16_t ext = 0;                 // the opcode's extension headers (w::Ext)
 	std::span<const uint8_t> body;    // BTH .. end of payload, pad and ICRC
