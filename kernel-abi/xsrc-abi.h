@@ -371,8 +371,18 @@ struct xsrc_invalidate {
 };
 
 /* XSRC_CMD_WIRE_RESPONSES (v8) */
+enum {
+	/* The caller reads batches: the daemon may put several responses in
+	 * one message, each as a __u16 length (little-endian) followed by that
+	 * many bytes, XSRC_WIRE_RESPONSE_BATCH_BYTES in all at most. Without
+	 * it, one response per message. A daemon that predates the bit refuses
+	 * it (EOPNOTSUPP, as any unknown comp_mask bit). */
+	XSRC_WIRE_RESPONSES_BATCHED = 1 << 0,
+};
+#define XSRC_WIRE_RESPONSE_BATCH_BYTES 65536
+
 struct xsrc_wire_responses {
-	__u32 comp_mask;         /* 0 */
+	__u32 comp_mask;         /* 0 or XSRC_WIRE_RESPONSES_BATCHED */
 	__u32 fd;                /* the caller's end the daemon sends into */
 };
 

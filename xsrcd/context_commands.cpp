@@ -292,10 +292,12 @@ int cmd_channel_pool(Context &ctx, Caller &caller, const Request &req)
 	return 0;
 }
 
+constexpr int kWireResponseBufferBytes = 16 << 20;
+
 int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<xsrc_wire_responses>(req.core);
-	if (int err = check_comp_mask(cmd.comp_mask, 0))
+	if (int err = check_comp_mask(cmd.comp_mask, XSRC_WIRE_RESPONSES_BATCHED))
 		return err;
 	if (int err = check_no_driver_data(req))
 		return err;
@@ -309,7 +311,13 @@ int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
 	if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_SEQPACKET ||
 	    (len = sizeof(domain), getsockopt(fd.get(), SOL_SOCKET, SO_DOMAIN, &domain, &len)) || domain != AF_UNIX)
 		return refuse(EINVAL, "the response fd is not an AF_UNIX SOCK_SEQPACKET socket");
+	// Room for the READ responses of a requester's window (a response that
+	// does not fit is lost, and costs the requester its ACK timeout): past
+	// wmem_max, which caps what the provider could ask for our end.
+	int bytes = kWireResponseBufferBytes;
+	(void)setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof(bytes));
 	ctx.wire_responses = std::move(fd);
+	ctx.wire_batched = cmd.comp_mask & XSRC_WIRE_RESPONSES_BATCHED;
 	return 0;
 }
 

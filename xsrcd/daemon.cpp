@@ -118,6 +118,7 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 			return;
 		if (Device *dev = find_device_locked(name)) {
 			wire_flush(*dev);
+			wire_flush_responses(*dev);
 			dev->wire_pending.open = false;
 		}
 		batch->lock = {};

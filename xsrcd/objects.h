@@ -309,6 +309,7 @@ struct Context {
 	std::deque<std::pair<int, Channel>> channel_pool;
 	std::map<int, Channel> channels;  // by the caller's fd number
 	unique_fd wire_responses;  // r8: where its RC QPs' responses from the wire go
+	bool wire_batched = false;  // it reads them in batches (XSRC_WIRE_RESPONSES_BATCHED)
 
 	uint32_t next_handle = 0;
 	std::map<uint32_t, Object> objects;
@@ -365,6 +366,12 @@ struct WirePending {
 	WireResponderState *st = nullptr;  // whose payloads wait (nullptr: none)
 	pid_t pid = 0;
 	std::vector<iovec> local, remote;
+	// Responses for a requester that reads batches, sent together at the
+	// end of the receive batch (wire_flush_responses): each a __u16 length
+	// and its bytes. The daemon's lock, held for the whole receive batch,
+	// keeps `responses_to` alive.
+	Context *responses_to = nullptr;
+	std::vector<uint8_t> responses;
 };
 
 struct Device {

@@ -1054,6 +1054,18 @@ WireOutcome forward_response(Device &dev, const Packet &pk)
 		return WireOutcome::dropped;
 	if (std::memcmp(qp->attributes().dest.dgid, pk.sgid.data(), pk.sgid.size()) != 0)
 		return WireOutcome::dropped;
+	if (owner->wire_batched) {
+		WirePending &p = dev.wire_pending;
+		if (p.responses_to != owner ||
+		    p.responses.size() + 2 + pk.transport.size() > XSRC_WIRE_RESPONSE_BATCH_BYTES)
+			wire_flush_responses(dev);
+		p.responses_to = owner;
+		uint16_t len = htole16(static_cast<uint16_t>(pk.transport.size()));
+		const auto *l = reinterpret_cast<const uint8_t *>(&len);
+		p.responses.insert(p.responses.end(), l, l + sizeof(len));
+		p.responses.insert(p.responses.end(), pk.transport.begin(), pk.transport.end());
+		return WireOutcome::delivered;
+	}
 	// Never block the daemon on a requester that does not read: a response
 	// that does not fit is lost, and the requester's timer recovers.
 	ssize_t n = send(owner->wire_responses.get(), pk.transport.data(), pk.transport.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -1082,6 +1094,19 @@ void wire_flush(Device &dev)
 	p.st = nullptr;
 	p.local.clear();
 	p.remote.clear();
+}
+
+void wire_flush_responses(Device &dev)
+{
+	WirePending &p = dev.wire_pending;
+	if (!p.responses_to)
+		return;
+	// As for one response: never block on a requester that does not read;
+	// the batch is lost and its timer recovers.
+	(void)send(p.responses_to->wire_responses.get(), p.responses.data(), p.responses.size(),
+		   MSG_DONTWAIT | MSG_NOSIGNAL);
+	p.responses_to = nullptr;
+	p.responses.clear();
 }
 
 WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet)

@@ -24,5 +24,8 @@ WireOutcome wire_deliver(Device &dev, std::span<const uint8_t> ip_packet);
 // does not land whole leaves its QP's responder to NAK the next packet with
 // a remote access error.
 void wire_flush(Device &dev);
+// Sends the responses waiting for a requester that reads batches
+// (WirePending::responses): at the end of each receive batch.
+void wire_flush_responses(Device &dev);
 
 }  // namespace xsrc

@@ -63,6 +63,12 @@ constexpr int kRnrRetryForever = 7;
 constexpr int kResponseBufferBytes = 1 << 20;
 // Largest response handed to us: headers and a path MTU of payload.
 constexpr size_t kMaxResponse = 4096 + 64;
+// Largest message of the response socket: a batch, where the daemon sends them.
+#ifdef XSRC_WIRE_RESPONSE_BATCH_BYTES
+constexpr size_t kMaxResponseMessage = std::max<size_t>(XSRC_WIRE_RESPONSE_BATCH_BYTES, kMaxResponse);
+#else
+constexpr size_t kMaxResponseMessage = kMaxResponse;
+#endif
 
 uint32_t psn_diff(uint32_t a, uint32_t b)
 {
@@ -188,6 +194,8 @@ private:
 	std::mutex recv_lock_;         // one reader of responses_ at a time
 	std::vector<xsrc_qp *> qps_;   // our RC QPs on the wire
 	unique_fd responses_;          // our end of the pair
+	bool batched_ = false;         // the daemon sends batches of responses
+	std::vector<uint8_t> received_;  // one message of responses_ (recv_lock_)
 	unique_fd wake_;               // eventfd: a deadline sooner than our sleep
 	std::atomic<uint64_t> sleep_until_{0};
 	std::atomic<bool> stop_{false};
@@ -700,9 +708,11 @@ bool source_gid(ibv_context *ibctx, uint8_t port, uint8_t index, ibv_gid &gid, u
 	return true;
 }
 
-// XSRC_CMD_WIRE_RESPONSES: the daemon takes `fd`. Returns 0 or errno.
-int register_responses(xsrc_context *ctx, int fd)
+// XSRC_CMD_WIRE_RESPONSES: the daemon takes `fd`, sending a batch of
+// responses per message where it can (`batched`). Returns 0 or errno.
+int register_responses(xsrc_context *ctx, int fd, bool &batched)
 {
+	batched = false;
 #if XSRC_DRIVER_ABI_REVISION >= 8
 	struct {
 		ib_uverbs_cmd_hdr hdr;
@@ -710,8 +720,19 @@ int register_responses(xsrc_context *ctx, int fd)
 	} cmd{};
 	xsrc_cmd_header(cmd.hdr, XSRC_CMD_WIRE_RESPONSES, sizeof(cmd), 0);
 	cmd.body.fd = static_cast<uint32_t>(fd);
+#ifdef XSRC_WIRE_RESPONSE_BATCH_BYTES
+	cmd.body.comp_mask = XSRC_WIRE_RESPONSES_BATCHED;
 	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
-	return n == static_cast<ssize_t>(sizeof(cmd)) ? 0 : (n < 0 ? errno : EIO);
+	if (n == static_cast<ssize_t>(sizeof(cmd))) {
+		batched = true;
+		return 0;
+	}
+	if (n >= 0 || (errno != EOPNOTSUPP && errno != EINVAL))
+		return n < 0 ? errno : EIO;
+	cmd.body.comp_mask = 0;  // a daemon that sends one response per message
+#endif
+	ssize_t sent = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
+	return sent == static_cast<ssize_t>(sizeof(cmd)) ? 0 : (sent < 0 ? errno : EIO);
 #else
 	// A provider built against an older driver ABI: no RC on the wire.
 	(void)ctx;
@@ -754,7 +775,12 @@ int WireEngine::start() noexcept
 	wake_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
 	if (!wake_)
 		return errno;
-	if (int err = register_responses(ctx_, theirs.get())) {
+	try {
+		received_.resize(kMaxResponseMessage);
+	} catch (const std::bad_alloc &) {
+		return ENOMEM;
+	}
+	if (int err = register_responses(ctx_, theirs.get(), batched_)) {
 		verbs_err(&ctx_->ibv_ctx, "the device refused our RoCE response socket: %s\n", strerror(err));
 		return err;
 	}
@@ -804,12 +830,23 @@ void WireEngine::drain(bool wait_for_lock) noexcept
 		guard.lock();
 	else if (!guard.try_lock())
 		return;  // someone is at it
-	std::array<uint8_t, kMaxResponse> buf;
 	for (;;) {
-		ssize_t got = recv(responses_.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+		ssize_t got = recv(responses_.get(), received_.data(), received_.size(), MSG_DONTWAIT);
 		if (got <= 0)
 			return;
-		handle(buf.data(), static_cast<size_t>(got));
+		if (!batched_) {
+			handle(received_.data(), static_cast<size_t>(got));
+			continue;
+		}
+		// A batch: each response behind its __u16 length (little-endian).
+		for (size_t at = 0; at + 2 <= static_cast<size_t>(got);) {
+			size_t len = size_t(received_[at]) | size_t(received_[at + 1]) << 8;
+			at += 2;
+			if (len > static_cast<size_t>(got) - at)
+				break;  // a torn batch: what is left is lost, the timer recovers
+			handle(received_.data() + at, len);
+			at += len;
+		}
 	}
 }
 
