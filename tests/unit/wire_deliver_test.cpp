@@ -427,6 +427,23 @@ protected:
 
 	ibv_qp_state rc_state() { return xsrc_qp_state_decode(arena().qp_entry(rc.qpn - XSRC_QPN_BASE).state); }
 
+	// The QP as a requester: RTS, so that responses to it are taken.
+	void to_rts()
+	{
+		ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTS,
+					       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+						       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)),
+			  0);
+	}
+
+	// An AETH that acknowledges (MSN 1).
+	static std::vector<uint8_t> ack_aeth()
+	{
+		std::vector<uint8_t> aeth(w::kAethBytes);
+		w::encode(w::Aeth{w::aeth::kAck, 1}, std::span<uint8_t, w::kAethBytes>(aeth.data(), w::kAethBytes));
+		return aeth;
+	}
+
 	CreatedQp rc;
 	uint32_t rkey = 0;
 	alignas(64) uint8_t target[4096] = {};
@@ -579,11 +596,8 @@ TEST_F(WireRcTest, ReadBeyondTheMrIsARemoteAccessError)
 // socket (XSRC_CMD_WIRE_RESPONSES), then handed to it, BTH .. pad.
 TEST_F(WireRcTest, ResponsesGoToTheRegisteredSocket)
 {
-	std::vector<uint8_t> aeth(w::kAethBytes);
-	w::encode(w::Aeth{w::aeth::kAck, 1}, std::span<uint8_t, w::kAethBytes>(aeth.data(), w::kAethBytes));
-	ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTS,
-				       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)), 0);
+	std::vector<uint8_t> aeth = ack_aeth();
+	ASSERT_NO_FATAL_FAILURE(to_rts());
 	EXPECT_EQ(send_rc(0x11, 5, aeth, {}), WireOutcome::dropped);
 	int sv[2];
 	ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
@@ -605,11 +619,8 @@ TEST_F(WireRcTest, ResponsesGoToTheRegisteredSocket)
 // length, when the batch ends (wire_flush_responses); none before.
 TEST_F(WireRcTest, ResponsesOfABatchGoTogetherToABatchReader)
 {
-	std::vector<uint8_t> aeth(w::kAethBytes);
-	w::encode(w::Aeth{w::aeth::kAck, 1}, std::span<uint8_t, w::kAethBytes>(aeth.data(), w::kAethBytes));
-	ASSERT_EQ(modify_qp(modify_cmd(rc.handle, IBV_QPS_RTS,
-				       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC)), 0);
+	std::vector<uint8_t> aeth = ack_aeth();
+	ASSERT_NO_FATAL_FAILURE(to_rts());
 	int sv[2];
 	ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
 	unique_fd ours(sv[0]), theirs(sv[1]);
