@@ -672,11 +672,11 @@ Step respond_write(Device &dev, Context &owner, Qp &qp, WireResponderState &st, 
 	return Step::ok;
 }
 
+constexpr uint32_t kMaxIbMtu = 128u << IBV_MTU_4096;
+
 // The path MTU of a QP, as its requester cuts READ responses: the QP's
 // path_mtu, no more than the port's (the largest IB MTU that fits the
 // netdev's MTU with the RoCE headers).
-constexpr uint32_t kMaxIbMtu = 128u << IBV_MTU_4096;
-
 uint32_t qp_mtu(const Device &dev, const Qp &qp)
 {
 	uint32_t port = 128u << ib_mtu_from_netdev_mtu(dev.netdev.mtu);
@@ -1043,6 +1043,15 @@ WireOutcome respond(Device &dev, Packet &pk)
 
 // --- responses, for the requester in the QP owner's provider ---------------
 
+// One message to `owner`'s response socket. Never blocks the daemon on a
+// requester that does not read: what does not fit is lost, and the
+// requester's timer recovers.
+bool send_to_requester(const Context &owner, std::span<const uint8_t> message)
+{
+	ssize_t n = send(owner.wire_responses.get(), message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+	return n == static_cast<ssize_t>(message.size());
+}
+
 WireOutcome forward_response(Device &dev, const Packet &pk)
 {
 	Context *owner = nullptr;
@@ -1066,10 +1075,7 @@ WireOutcome forward_response(Device &dev, const Packet &pk)
 		p.responses.insert(p.responses.end(), pk.transport.begin(), pk.transport.end());
 		return WireOutcome::delivered;
 	}
-	// Never block the daemon on a requester that does not read: a response
-	// that does not fit is lost, and the requester's timer recovers.
-	ssize_t n = send(owner->wire_responses.get(), pk.transport.data(), pk.transport.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-	return n == static_cast<ssize_t>(pk.transport.size()) ? WireOutcome::delivered : WireOutcome::dropped;
+	return send_to_requester(*owner, pk.transport) ? WireOutcome::delivered : WireOutcome::dropped;
 }
 
 bool is_response(uint8_t opcode)
@@ -1101,10 +1107,7 @@ void wire_flush_responses(Device &dev)
 	WirePending &p = dev.wire_pending;
 	if (!p.responses_to)
 		return;
-	// As for one response: never block on a requester that does not read;
-	// the batch is lost and its timer recovers.
-	(void)send(p.responses_to->wire_responses.get(), p.responses.data(), p.responses.size(),
-		   MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)send_to_requester(*p.responses_to, p.responses);  // lost whole if it does not fit
 	p.responses_to = nullptr;
 	p.responses.clear();
 }
