@@ -394,6 +394,7 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	atomic(cq->ring()->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
 				      std::memory_order_seq_cst);
+	xsrc_wire_armed(to_xsrc_ctx(ibcq->context));
 	return 0;
 }
 

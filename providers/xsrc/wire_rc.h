@@ -44,5 +44,8 @@ void xsrc_wire_qp_flush(xsrc_qp *qp, bool forget) noexcept;
 // From poll_cq: responses that arrived are handled now, by the polling
 // thread, when RC messages are in flight (a load when none are).
 void xsrc_wire_poll(xsrc_context *ctx) noexcept;
+// From req_notify_cq: an application about to sleep on a completion
+// channel needs the response thread to read responses as they come.
+void xsrc_wire_armed(xsrc_context *ctx) noexcept;
 // The QP is being destroyed: the response thread lets go of it, its state goes.
 void xsrc_wire_qp_destroy(xsrc_context *ctx, xsrc_qp *qp) noexcept;
