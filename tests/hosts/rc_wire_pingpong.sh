@@ -10,36 +10,39 @@
 # Peers on one host still use shared memory: nothing of theirs on the wire.
 # Afterwards no namespace, daemon or holder is left. With LINK_MTU 9000 (jumbo
 # frames, as RoCE fabrics run) the port's active MTU is 4096, and so is the
-# path MTU the pingpongs ask for (-m) and the segments on the wire.
+# path MTU the pingpongs ask for (-m) and the segments on the wire. With
+# XSRC_HOSTS_ABI set, the daemons serve that driver ABI revision.
 #   rc_wire_pingpong.sh PORT [LINK_MTU]
 set -u
 port=$1
 link_mtu=${2:-1500}
 mtu=1024
 [ "$link_mtu" -lt 9000 ] || mtu=4096
-export XSRC_HOSTS_PREFIX=xsrcrc$link_mtu XSRC_HOSTS_MTU=$link_mtu
+export XSRC_HOSTS_PREFIX=xsrcrc$link_mtu${XSRC_HOSTS_ABI:+a$XSRC_HOSTS_ABI} XSRC_HOSTS_MTU=$link_mtu
 . "$(dirname "$0")/lib.sh"
 
-# pingpong PROGRAM SERVER_HOST CLIENT_HOST GID SIZE ITERS: one --chk run.
+# pingpong PROGRAM SERVER_HOST CLIENT_HOST GID SIZE ITERS [OPTION...]: one
+# --chk run.
 pingpong() {
   local prog=$1 sh=$2 ch=$3 gid=$4 size=$5 iters=$6
-  timeout 120 "$hosts" run "$sh" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c \
+  shift 6
+  timeout 120 "$hosts" run "$sh" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c "$@" \
     >"$dir/server" 2>&1 &
   server=$!
   wait_listen "$sh"
-  timeout 120 "$hosts" run "$ch" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c 10.77.0.$sh \
-    >"$dir/client" 2>&1
+  timeout 120 "$hosts" run "$ch" "$prog" -d xsrc0 -g "$gid" -m "$mtu" -p "$port" -s "$size" -n "$iters" -c "$@" \
+    10.77.0.$sh >"$dir/client" 2>&1
   local rc=$?
   wait "$server"
   local src=$?
   server=
   if [ $rc -ne 0 ] || [ $src -ne 0 ] || ! grep -q "$iters iters" "$dir/client" ||
      ! grep -q "$iters iters" "$dir/server"; then
-    bad "$prog -g $gid -s $size: client rc $rc, server rc $src"
+    bad "$prog -g $gid -s $size $*: client rc $rc, server rc $src"
     echo "== client"; cat "$dir/client"; echo "== server"; cat "$dir/server"
     return 1
   fi
-  echo "ok: $prog -g $gid -s $size: $(grep -m1 'iters in' "$dir/client")"
+  echo "ok: $prog -g $gid -s $size $*: $(grep -m1 'iters in' "$dir/client")"
 }
 
 hosts_up
@@ -88,6 +91,12 @@ for run in rc:1:1 rc:1:$((mtu - 1)) rc:1:$mtu rc:1:$((mtu + 1)) rc:1:65536 rc:1:
   pingpong "ibv_${kind}_pingpong" 1 2 "$gid" "$size" "$iters" || break
 done
 [ "$(status_field 1 wire_gso)" -gt "$gso_before" ] || bad "host 1 took no GSO datagram"
+
+# 4. Completion events (-e): both sides sleep in ibv_get_cq_event, so the
+# ACKs that complete their SENDs are read by the response thread alone,
+# which waits on the socket while a CQ is armed.
+pingpong ibv_rc_pingpong 1 2 1 4096 1000 -e
+pingpong ibv_rc_pingpong 1 2 2 262144 20 -e
 
 "$hosts" run 1 "$XSRC" status
 "$hosts" run 2 "$XSRC" status
