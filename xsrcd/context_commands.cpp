@@ -297,7 +297,9 @@ constexpr int kWireResponseBufferBytes = 16 << 20;
 int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
 {
 	auto cmd = load<xsrc_wire_responses>(req.core);
-	if (int err = check_comp_mask(cmd.comp_mask, XSRC_WIRE_RESPONSES_BATCHED))
+	// Batches came within revision 10: a daemon serving an older one
+	// refuses the bit, as the daemons of those revisions did.
+	if (int err = check_comp_mask(cmd.comp_mask, abi_revision(ctx) >= 10 ? XSRC_WIRE_RESPONSES_BATCHED : 0))
 		return err;
 	if (int err = check_no_driver_data(req))
 		return err;

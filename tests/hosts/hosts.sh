@@ -15,7 +15,8 @@
 # host when that is set (programs that want one device name on both ends,
 # such as ucx_perftest, whose server takes the client's parameters).
 # $XSRC_HOSTS_MTU sets the link's MTU (default: the kernel's, 1500); xsrc0's
-# active MTU follows it (9000: 4096).
+# active MTU follows it (9000: 4096). $XSRC_HOSTS_ABI makes every host's
+# xsrcd serve that driver ABI revision (`xsrc up --abi`).
 set -euo pipefail
 
 prefix=${XSRC_HOSTS_PREFIX:-xsrch}
@@ -64,7 +65,7 @@ up() {
       in_host "$i" sh -c 'mountpoint -q /run && [ ! -e /run/'"$prefix"' ]' 2>/dev/null && break
       sleep 0.1
     done
-    in_host "$i" "$xsrc" up --name xsrc0 --netdev "$(ifname "$i")" >/dev/null
+    in_host "$i" "$xsrc" up --name xsrc0 --netdev "$(ifname "$i")" ${XSRC_HOSTS_ABI:+--abi "$XSRC_HOSTS_ABI"} >/dev/null
   done
 }
 

@@ -646,6 +646,13 @@ TEST_F(WireRcTest, ResponsesOfABatchGoTogetherToABatchReader)
 	// refuses this one (the provider then asks for single responses).
 	cmd.comp_mask = XSRC_WIRE_RESPONSES_BATCHED << 1;
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);
+	// So does a daemon serving revision 9 (--abi 9): batches came with 10.
+	dev.abi_revision = 9;
+	cmd.comp_mask = XSRC_WIRE_RESPONSES_BATCHED;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);
+	cmd.comp_mask = 0;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), 0);
+	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
 }
 
 TEST_F(WireRcTest, ResponseSocketMustBeTheCallersSeqpacketSocket)
