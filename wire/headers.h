@@ -113,6 +113,9 @@ inline constexpr uint8_t kNakRemoteOperation = 0x63;
 
 // --- IB transport headers ----------------------------------------------------
 
+// A packet's pad (BTH PadCnt): its payload rounded up to whole 32-bit words.
+constexpr uint8_t pad_of(uint64_t payload_len) noexcept { return static_cast<uint8_t>((4 - payload_len % 4) % 4); }
+
 struct Bth {
 	uint8_t opcode = 0;
 	bool solicited = false;

@@ -182,9 +182,6 @@ const xsrc_wire_socket *xsrc_wire_sender::find_or_make(const std::array<uint8_t,
 namespace xsrc::wire {
 namespace {
 
-// A packet's pad: its payload rounded up to whole 32-bit words.
-constexpr size_t pad_of(size_t payload_len) noexcept { return (4 - payload_len % 4) % 4; }
-
 // What one packet puts in its UDP datagram: our headers, the payload, its pad
 // and the ICRC.
 constexpr size_t udp_payload_of(size_t header_len, size_t payload_len) noexcept

@@ -723,7 +723,7 @@ void send_read_responses(Device &dev, const Packet &pk, const Qp &qp, const Wire
 			bth.opcode = response_transport(qp) | code;
 			bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
 			bth.psn = (r.psn + k) & w::kPsnMask;
-			bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+			bth.pad = w::pad_of(len);
 			w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
 			size_t n = w::kBthBytes;
 			if (code != op::kReadResponseMiddle) {

@@ -344,7 +344,7 @@ void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uin
 	w::Bth bth;
 	bth.opcode = packet_opcode(wq, m.opcode, k, m.packets);
 	bth.solicited = last && m.solicited;
-	bth.pad = static_cast<uint8_t>((4 - len % 4) % 4);
+	bth.pad = w::pad_of(len);
 	bth.dest_qpn = wq.dest_qpn;
 	// A smaller window wants its ACKs sooner: at least four per window.
 	uint32_t every = std::max<uint32_t>(std::min(wq.ack_every, wq.cwnd / 4), 1);

@@ -62,7 +62,7 @@ Result wire_send_ud(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 		return Result::dropped();  // no such address (any more): nothing leaves
 
 	bool imm = wqe.opcode == IBV_WR_SEND_WITH_IMM;
-	uint8_t pad = static_cast<uint8_t>((4 - local.total % 4) % 4);
+	uint8_t pad = w::pad_of(local.total);
 	std::array<uint8_t, kMaxTransportHeaders> hdr{};
 	w::Bth bth;
 	bth.opcode = imm ? w::opcode::kUdSendOnlyImm : w::opcode::kUdSendOnly;

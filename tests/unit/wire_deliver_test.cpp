@@ -42,7 +42,7 @@ std::vector<uint8_t> frame(const std::vector<uint8_t> &body, const char *src, co
 std::vector<uint8_t> packet(const PacketSpec &s)
 {
 	std::vector<uint8_t> body(w::kBthBytes + w::kDethBytes);
-	uint8_t pad = static_cast<uint8_t>((4 - s.payload.size() % 4) % 4);
+	uint8_t pad = w::pad_of(s.payload.size());
 	w::Bth bth;
 	bth.opcode = s.opcode;
 	bth.dest_qpn = s.qpn;
@@ -401,7 +401,7 @@ protected:
 		bth.dest_qpn = rc.qpn;
 		bth.psn = psn;
 		bth.ack_req = ack_req;
-		bth.pad = static_cast<uint8_t>((4 - payload.size() % 4) % 4);
+		bth.pad = w::pad_of(payload.size());
 		w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
 		body.insert(body.end(), headers.begin(), headers.end());
 		body.insert(body.end(), payload.begin(), payload.end());
@@ -840,7 +840,7 @@ protected:
 		bth.dest_qpn = tgt.qpn;
 		bth.psn = psn;
 		bth.ack_req = true;
-		bth.pad = static_cast<uint8_t>((4 - payload.size() % 4) % 4);
+		bth.pad = w::pad_of(payload.size());
 		w::encode(bth, std::span<uint8_t, w::kBthBytes>(body.data(), w::kBthBytes));
 		body.insert(body.end(), x.begin(), x.end());
 		body.insert(body.end(), headers.begin(), headers.end());
