@@ -22,6 +22,11 @@ ibv_ah *xsrc_create_ah(ibv_pd *pd, ibv_ah_attr *attr)
 		errno = EINVAL;
 		return nullptr;
 	}
+	// Looked up once here, not at every UD send on the wire: libibverbs
+	// reads it from sysfs (several system calls).
+	ibv_gid_entry entry{};
+	if (attr->is_global && !ibv_query_gid_ex(pd->context, attr->port_num, attr->grh.sgid_index, &entry, 0))
+		ah->sgid_ifindex = entry.ndev_ifindex;
 	ib_uverbs_create_ah_resp resp{};
 	if (int err = ibv_cmd_create_ah(pd, &ah->ah, attr, &resp, sizeof(resp))) {
 		verbs_err(vctx, "create_ah: the device refused port %u, dlid %u, is_global %u: %s\n", attr->port_num,

@@ -29,15 +29,6 @@ using Result = xsrc_attempt_result;
 constexpr uint32_t kQkeyUseQps = 0x80000000u;
 constexpr size_t kMaxTransportHeaders = w::kBthBytes + w::kDethBytes + w::kImmDtBytes;
 
-// The interface a link-local source address is scoped to.
-uint32_t sgid_ifindex(ibv_context *ibctx, const xsrc_ah &ah)
-{
-	ibv_gid_entry entry{};
-	if (ibv_query_gid_ex(ibctx, ah.attr.port_num, ah.attr.grh.sgid_index, &entry, 0))
-		return 0;
-	return entry.ndev_ifindex;
-}
-
 Result wire_send_ud(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 {
 	xsrc_local_buffers local;
@@ -56,8 +47,7 @@ Result wire_send_ud(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe)
 	if (w::gid_is_ipv4_mapped(sgid) != w::gid_is_ipv4_mapped(dgid))
 		return Result::dropped();
 	// The source port from our QP alone: a UD QP has no one peer.
-	const xsrc_wire_socket *s = ctx->wire.socket_for(sgid, sgid_ifindex(&ctx->ibv_ctx.context, *wqe.ah),
-							 w::udp_source_port(qp->qpn.value(), 0));
+	const xsrc_wire_socket *s = ctx->wire.socket_for(sgid, wqe.ah->sgid_ifindex, w::udp_source_port(qp->qpn.value(), 0));
 	if (!s)
 		return Result::dropped();  // no such address (any more): nothing leaves
 

@@ -277,6 +277,7 @@ struct xsrc_ah {
 	ibv_ah ah;
 	ibv_ah_attr attr;
 	ibv_gid sgid;                // the GID at attr.grh.sgid_index
+	uint32_t sgid_ifindex;       // its netdev (a link-local address's scope), or 0
 	const xsrc_transport *engine; // reaches attr.grh.dgid (route.cpp)
 	bool multicast;              // attr.grh.dgid is a multicast group (mcast.cpp)
 };
