@@ -69,10 +69,11 @@ inline uint32_t tm_handle(uint32_t index, uint32_t generation)
 
 // The table's lock: the holder's pid in `lock`. Held only for a scan of the
 // table and a few stores, never across a system call; a holder that died
-// holding it (its pid is gone) is taken over.
+// holding it (its pid is gone) is taken over, by a waiter in the device's
+// PID namespace (`direct`) or else by xsrcd (pid_lock.h).
 class TmLock {
 public:
-	TmLock(xsrc_tm_table &table, uint32_t me) : word_(table.lock) { pid_lock_take(word_, me); }
+	TmLock(xsrc_tm_table &table, uint32_t me, bool direct) : word_(table.lock) { pid_lock_take(word_, me, direct); }
 	~TmLock() { pid_lock_release(word_); }
 	TmLock(const TmLock &) = delete;
 	TmLock &operator=(const TmLock &) = delete;

@@ -1,5 +1,6 @@
 #include "daemon.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 
 #include <infiniband/verbs.h>
@@ -12,10 +13,12 @@
 #include <sstream>
 #include <thread>
 
+#include "common/atomic.h"
 #include "command_yield.h"
 #include "dispatcher_handlers.h"
 #include "dispatcher.h"
 #include "device.h"
+#include "rings.h"
 #include "wire_deliver.h"
 #include "xsrc-abi.h"
 
@@ -67,7 +70,80 @@ bool thread_of(pid_t tid, pid_t tgid)
 	return access(path.c_str(), F_OK) == 0;
 }
 
+// Whether the process that owns `ctx` has exited (its pidfd is readable).
+bool owner_exited(const Context &ctx)
+{
+	if (!ctx.caller)
+		return false;
+	pollfd p{ctx.caller->pidfd(), POLLIN, 0};
+	return ::poll(&p, 1, 0) == 1;
+}
+
+// Frees `word` if `pid` holds it.
+void free_if_held_by(uint32_t &word, pid_t pid)
+{
+	uint32_t holder = static_cast<uint32_t>(pid);
+	atomic(word).compare_exchange_strong(holder, 0u, std::memory_order_release);
+}
+
 }  // namespace
+
+// The words `pid` held in `dev`'s arena. The tables are found from our own
+// records of the SRQs, not from the arena's ring headers.
+void Daemon::free_lock_words(Device &dev, pid_t pid)
+{
+	if (!dev.arena)
+		return;
+	Arena &arena = *dev.arena;
+	for (const Context *ctx : dev.contexts)
+		for (const auto &[handle, obj] : ctx->objects) {
+			const auto *srq = std::get_if<Srq>(&obj);
+			if (!srq || srq->srq_type != IBV_SRQT_TM)
+				continue;
+			uint64_t table = srq->ring_off + sizeof(xsrc_recv_ring) +
+					 uint64_t(recv_ring_entries(srq->max_wr)) * recv_ring_stride(srq->max_sge);
+			free_if_held_by(arena.at<xsrc_tm_table>(table).lock, pid);
+		}
+	auto *locks = &arena.at<uint32_t>(arena.header().atomic_locks_off);
+	for (uint32_t i = 0; i < XSRC_ATOMIC_LOCKS; ++i)
+		free_if_held_by(locks[i], pid);
+}
+
+bool Daemon::pid_in_use(pid_t pid) const
+{
+	for (const auto &[id, ctx] : contexts_)
+		if (ctx->owner == pid && !owner_exited(*ctx))
+			return true;
+	return false;
+}
+
+// `ctx` is being released or its owner exited.
+void Daemon::owner_gone(const Context &ctx)
+{
+	if (!ctx.device || !ctx.caller)
+		return;
+	if (owner_exited(ctx)) {
+		if (!pid_in_use(ctx.owner))  // else the pid is someone's again
+			free_lock_words(*ctx.device, ctx.owner);
+		return;
+	}
+	// Released while the owner lives (or before its exit shows): its other
+	// contexts, if any, are watched; else we watch on.
+	for (const auto &[id, other] : contexts_)
+		if (other.get() != &ctx && other->owner == ctx.owner && other->caller)
+			return;
+	for (const auto &[id, d] : departed_)
+		if (d.caller->pid() == ctx.owner && d.device == ctx.device->name)
+			return;
+	auto caller = std::make_unique<ProcessCaller>(ctx.owner);
+	if (!caller->valid())
+		return;
+	epoll_event ev{};
+	ev.events = EPOLLIN;
+	ev.data.u64 = ctx.id;
+	if (epoll_ctl(owner_watch_.get(), EPOLL_CTL_ADD, caller->pidfd(), &ev) == 0)
+		departed_[ctx.id] = Departed{std::move(caller), ctx.device->name};
+}
 
 void command_yield()
 {
@@ -448,6 +524,7 @@ void Daemon::release_context(uint64_t id)
 		return;
 	Context &ctx = *it->second;
 	stop_watching_owner(ctx);
+	owner_gone(ctx);
 	destroy_context_objects(ctx);
 	if (ctx.device)
 		std::erase(ctx.device->contexts, &ctx);
@@ -493,12 +570,23 @@ void Daemon::on_owner_exit(uint64_t id)
 {
 	auto lock = this->lock();
 	auto it = contexts_.find(id);
-	if (it == contexts_.end())
+	if (it == contexts_.end()) {
+		auto d = departed_.find(id);
+		if (d == departed_.end())
+			return;
+		epoll_ctl(owner_watch_.get(), EPOLL_CTL_DEL, d->second.caller->pidfd(), nullptr);
+		pid_t pid = d->second.caller->pid();
+		Device *dev = find_device_locked(d->second.device);
+		departed_.erase(d);
+		if (dev && !pid_in_use(pid))
+			free_lock_words(*dev, pid);
 		return;
+	}
 	Context &ctx = *it->second;
 	stop_watching_owner(ctx);  // once: the pidfd stays readable
 	if (!ctx.device)
 		return;
+	owner_gone(ctx);
 	for (auto &[handle, obj] : ctx.objects)
 		if (auto *qp = std::get_if<Qp>(&obj); qp && !qp->shared)
 			qp_enter_error(ctx, *qp);

@@ -75,6 +75,20 @@ public:
 	void owner_exits();
 
 private:
+	// Lock words in the arena (TM tag tables, atomics locks) hold pids that
+	// a provider in another PID namespace cannot test (common/pid_lock.h):
+	// once a context's owner exited we free the words it held. A context
+	// released before its owner's exit shows (fds close first as a process
+	// dies) leaves its owner's pidfd watched in departed_ until then.
+	// Under the lock.
+	void owner_gone(const Context &ctx);
+	void free_lock_words(Device &dev, pid_t pid);
+	bool pid_in_use(pid_t pid) const;  // by a context whose owner lives
+	struct Departed {
+		std::unique_ptr<ProcessCaller> caller;
+		std::string device;
+	};
+	std::map<uint64_t, Departed> departed_;  // by the released context's id
 	// Runs `run` on context `id` for the calling thread `tid`, under the
 	// daemon's lock (yieldable); the caller is the context's owner, or the
 	// thread's own process (a forked child).

@@ -497,7 +497,7 @@ Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	bool rndv = tmh.opcode == IBV_TMH_RNDV;
 
 	xsrc::RecvWqe tagged_buf;
-	switch (xsrc_tm_match(table, r.rq, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), tagged_buf)) {
+	switch (xsrc_tm_match(table, r.rq, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), ctx->direct, tagged_buf)) {
 	case xsrc_tm_outcome::no_receive:
 		return responder_no_receive(qp, r);
 	case xsrc_tm_outcome::unexpected:

@@ -80,7 +80,7 @@ int tm_op(xsrc_context *ctx, xsrc_srq *srq, ibv_ops_wr *wr, std::optional<xsrc_c
 		return EINVAL;
 	}
 
-	TmLock lock(*table, static_cast<uint32_t>(ctx->pid));
+	TmLock lock(*table, static_cast<uint32_t>(ctx->pid), ctx->direct);
 	if (wr->flags & IBV_OPS_TM_SYNC)
 		table->sw_count = wr->tm.unexpected_cnt;
 	tm_promote_if_in_phase(table);
@@ -150,10 +150,10 @@ xsrc_tm_table *xsrc_tm_table_of(const xsrc::Arena &arena, uint64_t ring_off) noe
 	return table && xsrc::tm_table_sane(*table, arena.size - off) ? table : nullptr;
 }
 
-xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me,
+xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me, bool direct,
 			      xsrc::RecvWqe &out) noexcept
 {
-	TmLock lock(*table, me);
+	TmLock lock(*table, me, direct);
 	xsrc_tm_entry *best = nullptr;
 	for (uint32_t i = 0; i < table->num_tags; ++i) {
 		xsrc_tm_entry *e = xsrc::tm_entry_at(table, i);

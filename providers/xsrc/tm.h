@@ -25,8 +25,9 @@ enum class xsrc_tm_outcome {
 // The match of a tagged message (EAGER or RENDEZVOUS TMH) with `tag`, as
 // one step under the table's lock: the earliest posted entry that matches
 // is taken (it leaves the table), else a receive of `ring` and the
-// unexpected count goes up. `me` is our pid as the device knows it.
-xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me,
+// unexpected count goes up. `me` is our pid as the device knows it,
+// `direct` whether we share the device's PID namespace (TmLock).
+xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me, bool direct,
 			      xsrc::RecvWqe &out) noexcept;
 
 // After the completion of our SEND of a rendezvous request: the FIN its
