@@ -88,11 +88,12 @@ void free_if_held_by(uint32_t &word, pid_t pid)
 
 }  // namespace
 
-// The words `pid` held in `dev`'s arena. The tables are found from our own
-// records of the SRQs, not from the arena's ring headers.
+// The words `pid` held in `dev`'s arena, unless a live context has that pid
+// again. The tables are found from our own records of the SRQs (laid out as
+// cmd_create_srq does), not from the arena's ring headers.
 void Daemon::free_lock_words(Device &dev, pid_t pid)
 {
-	if (!dev.arena)
+	if (!dev.arena || pid_in_use(pid))
 		return;
 	Arena &arena = *dev.arena;
 	for (const Context *ctx : dev.contexts)
@@ -100,8 +101,8 @@ void Daemon::free_lock_words(Device &dev, pid_t pid)
 			const auto *srq = std::get_if<Srq>(&obj);
 			if (!srq || srq->srq_type != IBV_SRQT_TM)
 				continue;
-			uint64_t table = srq->ring_off + sizeof(xsrc_recv_ring) +
-					 uint64_t(recv_ring_entries(srq->max_wr)) * recv_ring_stride(srq->max_sge);
+			uint64_t table = srq->ring_off +
+					 recv_ring_bytes(recv_ring_entries(srq->max_wr), recv_ring_stride(srq->max_sge));
 			free_if_held_by(arena.at<xsrc_tm_table>(table).lock, pid);
 		}
 	auto *locks = &arena.at<uint32_t>(arena.header().atomic_locks_off);
@@ -123,8 +124,7 @@ void Daemon::owner_gone(const Context &ctx)
 	if (!ctx.device || !ctx.caller)
 		return;
 	if (owner_exited(ctx)) {
-		if (!pid_in_use(ctx.owner))  // else the pid is someone's again
-			free_lock_words(*ctx.device, ctx.owner);
+		free_lock_words(*ctx.device, ctx.owner);
 		return;
 	}
 	// Released while the owner lives (or before its exit shows): its other
@@ -578,7 +578,7 @@ void Daemon::on_owner_exit(uint64_t id)
 		pid_t pid = d->second.caller->pid();
 		Device *dev = find_device_locked(d->second.device);
 		departed_.erase(d);
-		if (dev && !pid_in_use(pid))
+		if (dev)
 			free_lock_words(*dev, pid);
 		return;
 	}

@@ -83,7 +83,7 @@ private:
 	// Under the lock.
 	void owner_gone(const Context &ctx);
 	void free_lock_words(Device &dev, pid_t pid);
-	bool pid_in_use(pid_t pid) const;  // by a context whose owner lives
+	bool pid_in_use(pid_t pid) const;  // by a context whose owner lives: reused
 	struct Departed {
 		std::unique_ptr<ProcessCaller> caller;
 		std::string device;

@@ -21,7 +21,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -37,15 +36,7 @@ namespace {
 
 ibv_context *open_test_device()
 {
-	int n = 0;
-	ibv_device **list = ibv_get_device_list(&n);
-	ibv_context *ctx = nullptr;
-	for (int i = 0; list && i < n && !ctx; ++i)
-		if (test_device() == ibv_get_device_name(list[i]))
-			ctx = ibv_open_device(list[i]);
-	if (list)
-		ibv_free_device_list(list);
-	return ctx;
+	return open_device(test_device());
 }
 
 // The device's arena, mapped.
@@ -53,11 +44,7 @@ class MappedArena {
 public:
 	MappedArena()
 	{
-		std::ifstream f(env_or("SYSFS_PATH", "/sys") + "/class/infiniband/" + test_device() + "/" +
-				XSRC_SYSFS_SHM_FILE);
-		std::string path;
-		std::getline(f, path);
-		xsrc::unique_fd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+		xsrc::unique_fd fd(open(xsrc::harness::device_arena_path(test_device()).c_str(), O_RDWR | O_CLOEXEC));
 		if (fd.get() >= 0)
 			base_ = static_cast<char *>(
 				mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
@@ -139,13 +126,7 @@ void stop(pid_t pid)
 // Waits up to `limit` for `word` to become 0.
 bool freed_within(const uint32_t *word, std::chrono::milliseconds limit)
 {
-	auto end = Clock::now() + limit;
-	while (load(word) != 0) {
-		if (Clock::now() > end)
-			return false;
-		std::this_thread::sleep_for(std::chrono::milliseconds(5));
-	}
-	return true;
+	return wait_until(limit, [word] { return load(word) == 0; });
 }
 
 // Reads one line of a pipe within `limit`; empty when nothing came.
