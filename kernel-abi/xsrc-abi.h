@@ -378,13 +378,39 @@ enum {
 	 * it, one response per message. A daemon that predates the bit refuses
 	 * it (EOPNOTSUPP, as any unknown comp_mask bit). */
 	XSRC_WIRE_RESPONSES_BATCHED = 1 << 0,
+	/* The caller gives the daemon an ACK board (board_fd, board_entries):
+	 * the daemon may leave the acknowledgement it owes a request that
+	 * reached one of the caller's RC QPs there for a moment, for the
+	 * caller to send in front of its next request on that QP, and sends
+	 * it itself if the caller has not taken it by then. A daemon that
+	 * predates the bit refuses it (EOPNOTSUPP). */
+	XSRC_WIRE_RESPONSES_ACK_BOARD = 1 << 1,
 };
 #define XSRC_WIRE_RESPONSE_BATCH_BYTES 65536
 
 struct xsrc_wire_responses {
-	__u32 comp_mask;         /* 0 or XSRC_WIRE_RESPONSES_BATCHED */
+	__u32 comp_mask;         /* XSRC_WIRE_RESPONSES_* */
 	__u32 fd;                /* the caller's end the daemon sends into */
+	/* ACK_BOARD (the command is 8 bytes without them): a memfd sealed
+	 * against shrinking (F_SEAL_SHRINK) of board_entries * 8 bytes at
+	 * least; board_entries a power of two, at most XSRC_ACK_BOARD_MAX. */
+	__u32 board_fd;
+	__u32 board_entries;
 };
+
+/* An ACK board: one __u64 per entry, entry (QPN % board_entries) for an RC
+ * QP, 0 or what the daemon owes for that QP's peer: XSRC_ACK_OWED, the QPN's
+ * low 15 bits (XSRC_ACK_TAG), the MSN (bits 24..47) and the PSN (bits 0..23)
+ * of an ACK. Both sides change an entry only by atomic compare-and-swap:
+ * the caller takes a word of its QP (its tag) and sends that ACK (BTH, AETH
+ * syndrome 0x1F) from the QP's UDP source port before its request; the
+ * daemon sends it after its delay unless the word changed meanwhile. The
+ * daemon trusts nothing else of the board. */
+#define XSRC_ACK_BOARD_MAX 65536
+#define XSRC_ACK_OWED (1ULL << 63)
+#define XSRC_ACK_TAG(qpn) ((__u64)((qpn) & 0x7fff) << 48)
+#define XSRC_ACK_MSN(word) ((__u32)((word) >> 24) & 0xffffff)
+#define XSRC_ACK_PSN(word) ((__u32)(word) & 0xffffff)
 
 /* XSRC_CMD_RECV_SHADOW (v9) */
 enum xsrc_recv_shadow_kind {

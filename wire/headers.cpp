@@ -404,6 +404,19 @@ uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn)
 	return static_cast<uint16_t>(0xC000u | ((x >> 50) & 0x3FFFu));
 }
 
+std::array<uint8_t, kBthBytes + kAethBytes> acknowledge_headers(uint8_t transport, uint32_t dest_qpn, uint32_t psn,
+								 uint8_t syndrome, uint32_t msn)
+{
+	std::array<uint8_t, kBthBytes + kAethBytes> hdr{};
+	Bth bth;
+	bth.opcode = transport | op::kAcknowledge;
+	bth.dest_qpn = dest_qpn & kQpnMask;
+	bth.psn = psn & kPsnMask;
+	encode(bth, std::span<uint8_t, kBthBytes>(hdr.data(), kBthBytes));
+	encode(Aeth{syndrome, msn & kPsnMask}, std::span<uint8_t, kAethBytes>(hdr.data() + kBthBytes, kAethBytes));
+	return hdr;
+}
+
 size_t split_gso(std::span<const uint8_t> ip_packet, size_t segment, size_t max_packets, uint8_t *out,
 		 const std::function<void(std::span<const uint8_t>, bool)> &each)
 {

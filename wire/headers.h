@@ -287,6 +287,11 @@ bool icrc_ok(std::span<const uint8_t> packet);
 // peer's (0 when it has none, as UD). Stable for the QP's life.
 uint16_t udp_source_port(uint32_t qpn, uint32_t dest_qpn);
 
+// The BTH and AETH of an Acknowledge (`transport` rc or xrc) for `psn` to
+// QP `dest_qpn`: an ACK (aeth::kAck) or a NAK.
+std::array<uint8_t, kBthBytes + kAethBytes> acknowledge_headers(uint8_t transport, uint32_t dest_qpn, uint32_t psn,
+								 uint8_t syndrome, uint32_t msn);
+
 // --- GIDs ---------------------------------------------------------------------
 
 // An IPv4-mapped GID (::ffff:a.b.c.d) and its address.

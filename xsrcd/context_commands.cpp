@@ -299,15 +299,32 @@ int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
 	auto cmd = load<xsrc_wire_responses>(req.core);
 	// Batches came within revision 10: a daemon serving an older one
 	// refuses the bit, as the daemons of those revisions did.
-	if (int err = check_comp_mask(cmd.comp_mask, abi_revision(ctx) >= 10 ? XSRC_WIRE_RESPONSES_BATCHED : 0))
+	// The ACK board came later within revision 10, without a new revision.
+	if (int err = check_comp_mask(cmd.comp_mask, abi_revision(ctx) >= 10 ? XSRC_WIRE_RESPONSES_BATCHED |
+										  XSRC_WIRE_RESPONSES_ACK_BOARD
+									: 0))
 		return err;
 	if (int err = check_no_driver_data(req))
 		return err;
 	if (cmd.fd > INT32_MAX)
 		return refuse(EINVAL, "bad fd number of the response socket");
+	if (!(cmd.comp_mask & XSRC_WIRE_RESPONSES_ACK_BOARD) && (cmd.board_fd || cmd.board_entries))
+		return refuse(EINVAL, "board fields without XSRC_WIRE_RESPONSES_ACK_BOARD");
 	unique_fd fd(caller.take_fd(static_cast<int>(cmd.fd)));
 	if (!fd)
 		return refuse(EBADF, "the caller has no such fd");
+	std::shared_ptr<AckBoard> board;
+	if (cmd.comp_mask & XSRC_WIRE_RESPONSES_ACK_BOARD) {
+		uint32_t n = cmd.board_entries;
+		if (cmd.board_fd > INT32_MAX || !n || (n & (n - 1)) || n > XSRC_ACK_BOARD_MAX)
+			return refuse(EINVAL, "bad ACK board: fd number, or entries not a power of two up to the maximum");
+		unique_fd board_fd(caller.take_fd(static_cast<int>(cmd.board_fd)));
+		if (!board_fd)
+			return refuse(EBADF, "the caller has no such fd (ACK board)");
+		int err = 0;
+		if (!(board = AckBoard::map(board_fd.get(), n, err)))
+			return refuse(err, "the ACK board is not a memfd sealed against shrinking, of its entries' size");
+	}
 	int type = 0, domain = 0;
 	socklen_t len = sizeof(type);
 	if (getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_SEQPACKET ||
@@ -320,6 +337,7 @@ int cmd_wire_responses(Context &ctx, Caller &caller, const Request &req)
 	(void)setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof(bytes));
 	ctx.wire_responses = std::move(fd);
 	ctx.wire_batched = cmd.comp_mask & XSRC_WIRE_RESPONSES_BATCHED;
+	ctx.ack_board = std::move(board);
 	return 0;
 }
 

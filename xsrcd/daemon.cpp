@@ -215,7 +215,13 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 			dev->wire_pending.open = true;
 			return wire_deliver(*dev, packet);
 		},
-		err, finish);
+		err, finish,
+		[this, name]() -> uint64_t {
+			// ACKs left on boards: forgotten once taken, sent once late.
+			auto lock = this->lock();
+			Device *dev = find_device_locked(name);
+			return dev ? wire_acks_due(*dev) : 0;
+		});
 	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
 	// works on this host alone; `xsrc status` says so.
 	std::lock_guard guard(wire_mu_);
@@ -276,6 +282,7 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 	dev->netdev = info;
 	dev->view.driver_abi = XSRC_DRIVER_ABI_VERSION;  // the generation, whatever the revision
 	dev->abi_revision = abi_revision_;
+	dev->ack_delay_ns = ack_delay_ns_;
 	dev->view.cmd_dir = fuse_root_ + "/" + name;
 	refresh_device_view(*dev);
 	const std::string shm_path = shm_dir_ + "/xsrc-" + name;
@@ -305,6 +312,12 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 	lock.unlock();
 	start_wire_receiver(name, ifindex);
 	return 0;
+}
+
+void Daemon::set_ack_delay(uint64_t ns)
+{
+	auto lock = this->lock();
+	ack_delay_ns_ = ns;
 }
 
 int Daemon::set_abi_revision(uint32_t revision)
@@ -396,7 +409,8 @@ std::string Daemon::status()
 			const WireCounters &c = it->second->counters();
 			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
 			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load()
-			    << " wire_gso=" << c.gso.load();
+			    << " wire_gso=" << c.gso.load() << " wire_acks_left=" << dev->acks_left
+			    << " wire_acks_late=" << dev->acks_late;
 		} else {
 			out << " wire=off";
 		}

@@ -38,6 +38,8 @@ public:
 	// The driver ABI revision devices added from now on serve (xsrcd --abi):
 	// 1 ..XSRC_DRIVER_ABI_REVISION; EINVAL otherwise.
 	int set_abi_revision(uint32_t revision);
+	// How long an ACK may wait on its owner's board (devices made later).
+	void set_ack_delay(uint64_t ns);
 	std::string status();
 	void on_netdev_change(int ifindex);
 
@@ -112,6 +114,7 @@ private:
 	std::map<uint64_t, std::unique_ptr<Context>> contexts_;
 	uint64_t next_context_id_ = 1;
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
+	uint64_t ack_delay_ns_ = Device::kDefaultAckDelayNs;
 	unique_fd owner_watch_;  // epoll over the owners' pidfds
 	std::function<void(const std::string &)> device_removed_;
 	GsiHook gsi_hook_;

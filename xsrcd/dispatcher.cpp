@@ -18,7 +18,7 @@ struct CommandSpec {
 	const char *name = nullptr;  // for the debug log
 	Handler handler = nullptr;
 	size_t core_size = 0;      // size of the command's kernel struct
-	size_t min_core_size = 0;  // extended commands: what an older caller may send
+	size_t min_core_size = 0;  // what an older caller may send (a command that grew)
 	bool has_response = false; // core struct starts with the response pointer
 };
 
@@ -110,7 +110,8 @@ const CommandTable &write_commands()
 		t[XSRC_CMD_QUERY_OBJECT] =
 			spec<xsrc_query_object>("XSRC_QUERY_OBJECT", cmd_query_object, true);
 		t[XSRC_CMD_WIRE_RESPONSES] =
-			spec<xsrc_wire_responses>("XSRC_WIRE_RESPONSES", cmd_wire_responses, false);
+			spec<xsrc_wire_responses>("XSRC_WIRE_RESPONSES", cmd_wire_responses, false,
+						   offsetof(xsrc_wire_responses, board_fd));
 		t[XSRC_CMD_RECV_SHADOW] =
 			spec<xsrc_recv_shadow>("XSRC_RECV_SHADOW", cmd_recv_shadow, false);
 		return t;
@@ -239,10 +240,13 @@ int decode_and_run(Context &ctx, Caller &caller, std::span<const std::byte> byte
 		if (abi_revision(ctx) < command_revision(num))
 			return refuse(EOPNOTSUPP, "command newer than the driver ABI revision served (--abi)");
 		auto payload = bytes.subspan(sizeof(hdr));
-		if (payload.size() < spec->core_size)  // as the kernel's verify_hdr answers a short request
+		if (payload.size() < spec->min_core_size)  // as the kernel's verify_hdr answers a short request
 			return refuse(ENOSPC, "short request: less than the command's core struct");
-		req.core = payload.first(spec->core_size);
-		req.driver = payload.subspan(spec->core_size);
+		// A private command that grew: an older caller's shorter struct
+		// reads as zeros (load() fills them).
+		size_t core = std::min(payload.size(), spec->core_size);
+		req.core = payload.first(core);
+		req.driver = payload.subspan(core);
 		req.resp_len = hdr.out_words * 4u;
 		req.core_resp_len = req.resp_len;
 		if (spec->has_response)

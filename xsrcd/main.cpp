@@ -40,15 +40,20 @@ void request_exit()
 [[noreturn]] void usage(int status)
 {
 	fprintf(status ? stderr : stdout,
-		"usage: xsrcd [--rundir DIR] [--abi N] [--debug]\n"
+		"usage: xsrcd [--rundir DIR] [--abi N] [--ack-delay-us N] [--debug]\n"
 		"The xsrc device daemon; normally started by 'xsrc up'.\n"
 		"  --abi N       serve driver ABI revision N (1..%d, default %d) to\n"
 		"                test providers against an older daemon\n"
+		"  --ack-delay-us N  how long an ACK owed to a peer on the wire may\n"
+		"                wait for the QP's owner to send it in front of its\n"
+		"                next request (default %d; 0: at once); also\n"
+		"                XSRC_ACK_DELAY_US in the environment\n"
 		"  -v, --debug   log every refused command (its name, the errno and\n"
 		"                the check that refused it) to stderr, which is\n"
 		"                xsrcd.log in the run directory under 'xsrc up';\n"
 		"                XSRC_DEBUG=1 in the environment does the same\n",
-		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION);
+		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION,
+		static_cast<int>(xsrc::Device::kDefaultAckDelayNs / 1000));
 	exit(status);
 }
 
@@ -62,6 +67,18 @@ uint32_t parse_abi_revision(const std::string &text)
 	    n > XSRC_DRIVER_ABI_REVISION)
 		return 0;
 	return static_cast<uint32_t>(n);
+}
+
+// --ack-delay-us N: microseconds, at most a second; false if not a number.
+bool parse_ack_delay(const char *text, uint64_t &ns)
+{
+	char *end = nullptr;
+	errno = 0;
+	unsigned long n = strtoul(text, &end, 10);
+	if (errno || !*text || *end || !isdigit(static_cast<unsigned char>(text[0])) || n > 1'000'000)
+		return false;
+	ns = uint64_t(n) * 1000;
+	return true;
 }
 
 // Takes the pid file's lock for the daemon's lifetime: two `xsrc up` at once
@@ -89,6 +106,11 @@ int main(int argc, char **argv)
 {
 	std::string rundir = xsrc::kDefaultRunDir;
 	uint32_t abi_revision = XSRC_DRIVER_ABI_REVISION;
+	uint64_t ack_delay_ns = xsrc::Device::kDefaultAckDelayNs;
+	if (const char *env = getenv("XSRC_ACK_DELAY_US"); env && !parse_ack_delay(env, ack_delay_ns)) {
+		fprintf(stderr, "xsrcd: XSRC_ACK_DELAY_US=%s: not a number of microseconds up to 1000000\n", env);
+		return 2;
+	}
 	bool debug = xsrc::debug_requested_by_environment();
 	for (int i = 1; i < argc; ++i) {
 		std::string arg = argv[i];
@@ -99,6 +121,12 @@ int main(int argc, char **argv)
 			if (!abi_revision) {
 				fprintf(stderr, "xsrcd: --abi %s: this daemon serves driver ABI revisions 1 to %d\n",
 					argv[i], XSRC_DRIVER_ABI_REVISION);
+				return 2;
+			}
+		} else if (arg == "--ack-delay-us" && i + 1 < argc) {
+			if (!parse_ack_delay(argv[++i], ack_delay_ns)) {
+				fprintf(stderr, "xsrcd: --ack-delay-us %s: not a number of microseconds up to 1000000\n",
+					argv[i]);
 				return 2;
 			}
 		} else if (arg == "--debug" || arg == "-v") {
@@ -145,6 +173,7 @@ int main(int argc, char **argv)
 	{
 		xsrc::Daemon daemon(sysfs_root, fuse_root);
 		daemon.set_abi_revision(abi_revision);  // validated above
+		daemon.set_ack_delay(ack_delay_ns);
 		xsrc::CmService cm(daemon);
 		daemon.set_device_removed_hook([&cm](const std::string &name) { cm.device_removed(name); });
 		daemon.set_gsi_hook([&cm](int ifindex, std::span<const uint8_t> packet) { cm.wire_receive(ifindex, packet); });

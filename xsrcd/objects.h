@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -220,6 +221,47 @@ struct WireResponderState {
 	bool answered = false;
 };
 
+// An ACK board (XSRC_WIRE_RESPONSES_ACK_BOARD): a context's memfd, mapped
+// here, where an acknowledgement the responder owes a peer of one of its RC
+// QPs waits a moment for the owner to send it in front of its next request
+// on that QP (wire_deliver.cpp, wire_owe_ack). The words are the owner's to
+// change too: nothing but "the word is still what we wrote" is trusted.
+class AckBoard {
+public:
+	// Maps `entries` words of the memfd `fd` (sealed against shrinking: a
+	// file cut short under our mapping would fault us). Null with `err`.
+	static std::shared_ptr<AckBoard> map(int fd, uint32_t entries, int &err);
+	~AckBoard();
+	AckBoard(const AckBoard &) = delete;
+	AckBoard &operator=(const AckBoard &) = delete;
+
+	std::atomic_ref<uint64_t> word(uint32_t qpn) const { return std::atomic_ref<uint64_t>(words_[index(qpn)]); }
+	// ACKs of the QP's entry to send at once, not left on the board: the
+	// owner let the last one wait out its delay (a peer that sends nothing
+	// back), and it is tried again after these.
+	uint8_t &at_once(uint32_t qpn) { return at_once_[index(qpn)]; }
+
+private:
+	AckBoard(uint64_t *words, uint32_t entries) : words_(words), entries_(entries), at_once_(entries) {}
+	uint32_t index(uint32_t qpn) const { return qpn & (entries_ - 1); }
+	uint64_t *words_;
+	uint32_t entries_;
+	std::vector<uint8_t> at_once_;
+};
+
+// An acknowledgement left on a board (Device::owed_acks): sent when its
+// deadline passes unless the board's word changed by then (the owner took
+// it, or a later ACK of the same QP, which covers it, replaced it).
+struct OwedAck {
+	std::shared_ptr<AckBoard> board;
+	uint32_t qpn = 0;
+	uint64_t word = 0;
+	uint64_t deadline_ns = 0;             // CLOCK_MONOTONIC
+	const xsrc_wire_socket *socket = nullptr;  // the device's wire_out keeps it
+	std::array<uint8_t, 16> to{};         // the peer's GID
+	std::array<uint8_t, 16> headers{};    // BTH and AETH
+};
+
 // A QP handle. The links are absent where the QP type has no such object:
 // XRC send QPs have no receive side, XRC receive QPs no PD and no CQs.
 // Where the owner keeps the private record of the receives it posts to a
@@ -310,6 +352,7 @@ struct Context {
 	std::map<int, Channel> channels;  // by the caller's fd number
 	unique_fd wire_responses;  // r8: where its RC QPs' responses from the wire go
 	bool wire_batched = false;  // it reads them in batches (XSRC_WIRE_RESPONSES_BATCHED)
+	std::shared_ptr<AckBoard> ack_board;  // XSRC_WIRE_RESPONSES_ACK_BOARD; null: none
 
 	uint32_t next_handle = 0;
 	std::map<uint32_t, Object> objects;
@@ -426,6 +469,13 @@ struct Device {
 	std::array<uint32_t, std::variant_size_v<Object>> object_counts{};
 	// The sockets the wire's responder sends ACKs from (made on first use).
 	std::unique_ptr<xsrc_wire_sender> wire_out;
+	// ACKs left on their owners' boards, oldest first, and how long one
+	// waits there (xsrcd --ack-delay-us; 0: every ACK goes out at once).
+	std::vector<OwedAck> owed_acks;
+	uint64_t ack_delay_ns = kDefaultAckDelayNs;
+	uint64_t acks_left = 0;  // ACKs left on a board (`xsrc status`: wire_acks_left)
+	uint64_t acks_late = 0;  // of them, sent by us once their delay passed (wire_acks_late)
+	static constexpr uint64_t kDefaultAckDelayNs = 200'000;
 };
 
 // --- a context's object table ---------------------------------------------

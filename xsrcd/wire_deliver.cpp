@@ -21,8 +21,12 @@
 // (XSRC_CMD_WIRE_RESPONSES).
 #include "wire_deliver.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -31,6 +35,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/iov.h"
 #include "common/ring_ops.h"
 #include "dispatcher_handlers.h"
@@ -446,15 +451,59 @@ void send_aeth(Device &dev, const Packet &pk, const Qp &qp, uint8_t syndrome, ui
 	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
 	if (!s)
 		return;  // our address went away: the requester times out
-	std::array<uint8_t, w::kBthBytes + w::kAethBytes> hdr{};
-	w::Bth bth;
-	bth.opcode = response_transport(qp) | op::kAcknowledge;
-	bth.dest_qpn = qp.attributes().dest_qp_num & w::kQpnMask;
-	bth.psn = psn & w::kPsnMask;
-	w::encode(bth, std::span<uint8_t, w::kBthBytes>(hdr.data(), w::kBthBytes));
-	w::encode(w::Aeth{syndrome, msn & w::kPsnMask},
-		  std::span<uint8_t, w::kAethBytes>(hdr.data() + w::kBthBytes, w::kAethBytes));
+	auto hdr = w::acknowledge_headers(response_transport(qp), qp.attributes().dest_qp_num, psn, syndrome, msn);
 	(void)w::send_packet(*s, pk.sgid, hdr, nullptr, 0, 0);
+}
+
+// After the owner let an ACK wait out its delay, this many of its QP's
+// next ACKs go out at once before one is left on the board again.
+constexpr uint8_t kAtOnceAfterLate = 64;
+// The bits of a board word that say whose it is: XSRC_ACK_OWED and the tag.
+constexpr uint64_t kAckOwnerBits = 0xffffULL << 48;
+
+// The ACK an in-order RC request asked for, left on the owner's ACK board
+// (XSRC_WIRE_RESPONSES_ACK_BOARD) rather than sent: a peer that answers at
+// once (a ping-pong, a request and its reply) gets it in front of the
+// owner's next request on the QP, with it, so neither host's xsrcd wakes
+// for an ACK of its own. The daemon sends it after dev.ack_delay_ns unless
+// the owner took it (wire_acks_due). False: send it now (no board, a
+// delay of 0, another QP's word in the entry, or the owner let the last
+// one wait out its delay).
+bool owe_ack(Device &dev, Context &owner, const Qp &qp, const Packet &pk, uint32_t psn, uint32_t msn)
+{
+	AckBoard *board = owner.ack_board.get();
+	if (!board || !dev.ack_delay_ns || qp.qp_type != IBV_QPT_RC)
+		return false;
+	const uint32_t qpn = qp.qpn().value();
+	uint8_t &at_once = board->at_once(qpn);
+	if (at_once) {
+		--at_once;
+		return false;
+	}
+	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
+	if (!s)
+		return false;
+	const uint64_t word = XSRC_ACK_OWED | XSRC_ACK_TAG(qpn) | (uint64_t(msn & w::kPsnMask) << 24) |
+			      (psn & w::kPsnMask);
+	auto entry = board->word(qpn);
+	uint64_t seen = entry.load(std::memory_order_acquire);
+	do {
+		// Empty, or an earlier ACK of this QP, which ours covers.
+		if (seen && (seen & kAckOwnerBits) != (XSRC_ACK_OWED | XSRC_ACK_TAG(qpn)))
+			return false;
+	} while (!entry.compare_exchange_weak(seen, word, std::memory_order_acq_rel));
+	OwedAck owed;
+	owed.board = owner.ack_board;
+	owed.qpn = qpn;
+	owed.word = word;
+	owed.deadline_ns = monotonic_ns() + dev.ack_delay_ns;
+	owed.socket = s;
+	owed.to = pk.sgid;
+	owed.headers = w::acknowledge_headers(response_transport(qp), qp.attributes().dest_qp_num, psn,
+					      w::aeth::kAck, msn);
+	dev.owed_acks.push_back(std::move(owed));
+	++dev.acks_left;
+	return true;
 }
 
 // The owner's iovecs for bytes [from, from + len) of receive `rwqe`.
@@ -949,7 +998,7 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 	switch (s) {
 	case Step::ok:
 		st.epsn = (st.epsn + st.consumed) & w::kPsnMask;
-		if (pk.bth.ack_req && !st.answered)
+		if (pk.bth.ack_req && !st.answered && !owe_ack(dev, owner, qp, pk, pk.bth.psn, st.msn))
 			send_aeth(dev, pk, qp, w::aeth::kAck, pk.bth.psn, st.msn);
 		return WireOutcome::delivered;
 	case Step::rnr:
@@ -1102,6 +1151,59 @@ void wire_flush(Device &dev)
 	p.st = nullptr;
 	p.local.clear();
 	p.remote.clear();
+}
+
+std::shared_ptr<AckBoard> AckBoard::map(int fd, uint32_t entries, int &err)
+{
+	struct stat st{};
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) || !S_ISREG(st.st_mode) ||
+	    uint64_t(st.st_size) < uint64_t(entries) * sizeof(uint64_t)) {
+		err = EINVAL;
+		return nullptr;
+	}
+	void *p = mmap(nullptr, size_t(entries) * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		err = errno;
+		return nullptr;
+	}
+	try {
+		return std::shared_ptr<AckBoard>(new AckBoard(static_cast<uint64_t *>(p), entries));
+	} catch (const std::bad_alloc &) {
+		munmap(p, size_t(entries) * sizeof(uint64_t));
+		err = ENOMEM;
+		return nullptr;
+	}
+}
+
+AckBoard::~AckBoard()
+{
+	munmap(words_, size_t(entries_) * sizeof(uint64_t));
+}
+
+uint64_t wire_acks_due(Device &dev)
+{
+	if (dev.owed_acks.empty())
+		return 0;
+	const uint64_t now = monotonic_ns();
+	uint64_t next = 0;
+	std::erase_if(dev.owed_acks, [&](OwedAck &o) {
+		auto entry = o.board->word(o.qpn);
+		uint64_t expected = o.word;
+		if (entry.load(std::memory_order_acquire) != expected)
+			return true;  // taken by the owner, or covered by a later ACK
+		if (now < o.deadline_ns) {
+			next = next ? std::min(next, o.deadline_ns) : o.deadline_ns;
+			return false;
+		}
+		if (entry.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+			(void)w::send_packet(*o.socket, o.to, o.headers, nullptr, 0, 0);
+			o.board->at_once(o.qpn) = kAtOnceAfterLate;
+			++dev.acks_late;
+		}
+		return true;
+	});
+	return next;
 }
 
 void wire_flush_responses(Device &dev)

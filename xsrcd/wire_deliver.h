@@ -27,5 +27,10 @@ void wire_flush(Device &dev);
 // Sends the responses waiting for a requester that reads batches
 // (WirePending::responses): at the end of each receive batch.
 void wire_flush_responses(Device &dev);
+// ACKs left on their owners' boards (XSRC_WIRE_RESPONSES_ACK_BOARD): those
+// the owner took are forgotten, those whose delay passed are sent. Returns
+// the CLOCK_MONOTONIC time at which the next one is due, 0 if none waits.
+// Under the daemon's lock.
+uint64_t wire_acks_due(Device &dev);
 
 }  // namespace xsrc

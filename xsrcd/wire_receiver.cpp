@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/fd.h"
 #include "wire/headers.h"
 
@@ -180,11 +182,13 @@ struct WireReceiver::Impl {
 	std::thread thread;
 };
 
-std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end)
+std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end,
+						   Timer timer)
 {
 	std::unique_ptr<WireReceiver> r(new WireReceiver);
 	r->deliver_ = std::move(deliver);
 	r->batch_end_ = std::move(batch_end);
+	r->timer_ = std::move(timer);
 	r->impl_ = std::make_unique<Impl>();
 	Impl &impl = *r->impl_;
 	if (int e = packet_socket(ifindex, impl.packets, r->vnet_, r->link_)) {
@@ -221,9 +225,22 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 		std::array<sockaddr_ll, kBatch> from;
 		std::array<mmsghdr, kBatch> msgs;
 		pollfd fds[2] = {{i.packets.get(), POLLIN, 0}, {i.stop.get(), POLLIN, 0}};
+		uint64_t due = 0;  // the timer's next time (0: none)
 		for (;;) {
-			if (poll(fds, 2, -1) < 0 && errno != EINTR)
+			timespec left{}, *timeout = nullptr;
+			if (due) {
+				uint64_t now = monotonic_ns();
+				uint64_t ns = due > now ? due - now : 0;
+				left = {static_cast<time_t>(ns / 1'000'000'000u), static_cast<long>(ns % 1'000'000'000u)};
+				timeout = &left;
+			}
+			int ready = ppoll(fds, 2, timeout, nullptr);
+			if (ready < 0 && errno != EINTR)
 				return;
+			if (ready == 0) {
+				due = self->timer_ ? self->timer_() : 0;
+				continue;
+			}
 			if (fds[1].revents)
 				return;
 			if (!(fds[0].revents & POLLIN))
@@ -257,6 +274,8 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				if (n < static_cast<int>(kBatch))
 					break;
 			}
+			if (self->timer_)
+				due = self->timer_();
 		}
 	});
 	return r;

@@ -32,9 +32,13 @@ public:
 	// Called after each batch of packets taken in at once, before their
 	// buffers are reused (the deliverer may hold on to them until then).
 	using BatchEnd = std::function<void()>;
+	// Called after each batch and when the time it last returned came (a
+	// CLOCK_MONOTONIC time in ns; 0: none): runs what is due by then.
+	using Timer = std::function<uint64_t()>;
 	// Opens the sockets on netdev `ifindex` and starts the thread. Returns
 	// null with `err` set when a socket cannot be made (no CAP_NET_RAW).
-	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end = {});
+	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end = {},
+						   Timer timer = {});
 	~WireReceiver();  // stops and joins the thread
 	WireReceiver(const WireReceiver &) = delete;
 	WireReceiver &operator=(const WireReceiver &) = delete;
@@ -55,6 +59,7 @@ private:
 	std::unique_ptr<Impl> impl_;
 	Deliver deliver_;
 	BatchEnd batch_end_;
+	Timer timer_;
 	bool vnet_ = false;  // frames start with a virtio-net header
 	uint32_t link_ = 0;  // then this many bytes of link-layer header
 	WireCounters counters_;

@@ -5,6 +5,7 @@
 // (IBTA 9.7.5, 9.7.6); writes the sender's completions; flushes on error.
 #include "xsrc.h"
 
+#include "common/clock.h"
 #include "tm.h"
 
 #include <time.h>
@@ -22,7 +23,7 @@ constexpr int kRnrRetryForever = 7;
 constexpr uint64_t kAckTimeoutUnitNs = 4096;
 constexpr uint8_t kAckTimeoutMaxExp = 20;
 constexpr uint64_t kAckTimeoutCapNs = 1000000000ull;
-constexpr uint64_t kNsPerUs = 1000, kNsPerSec = 1000000000ull;
+constexpr uint64_t kNsPerUs = 1000;
 
 // Deferred WQEs: at most this many in one batch, and this long before the
 // progress thread runs them for a QP that neither posts nor polls.
@@ -267,9 +268,7 @@ bool requester_run_batch(xsrc_context *ctx, xsrc_qp *qp, bool &stopped, bool &re
 
 uint64_t xsrc_requester_now_ns() noexcept
 {
-	timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return uint64_t(ts.tv_sec) * kNsPerSec + uint64_t(ts.tv_nsec);
+	return xsrc::monotonic_ns();
 }
 
 void xsrc_requester_post(xsrc_qp *qp) noexcept

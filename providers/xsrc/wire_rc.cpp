@@ -21,7 +21,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,6 +70,8 @@ constexpr uint64_t kQuietNs = 1000000;
 constexpr int kRnrRetryForever = 7;
 // The response socket's buffer: a window of responses and more.
 constexpr int kResponseBufferBytes = 1 << 20;
+// Words of a context's ACK board: one per QPN modulo this (32 KiB).
+constexpr uint32_t kAckBoardEntries = 4096;
 // Largest response handed to us: headers and a path MTU of payload.
 constexpr size_t kMaxResponse = 4096 + 64;
 // Largest message of the response socket: a batch, where the daemon sends them.
@@ -147,6 +151,10 @@ struct xsrc_wire_qp {
 	// The una_psn from which a response past a lost one had the request
 	// sent again at once; not again for that gap (the timer's, if lost too).
 	std::optional<uint32_t> asked_again_from;
+	// An RC QP's word of the context's ACK board (null: none): an ACK our
+	// xsrcd owes the peer for a request of theirs waits there a moment for
+	// us to send it in front of our next request (take_owed_ack).
+	uint64_t *ack_word = nullptr;
 
 	xsrc_wire_msg &msg(size_t i) { return msgs[(head + i) % msgs.size()]; }
 };
@@ -192,6 +200,11 @@ public:
 	void armed() noexcept;
 	// Messages in flight over all our QPs.
 	std::atomic<uint64_t> in_flight{0};
+	// QP `qpn`'s word of our ACK board, or null (the device keeps none).
+	uint64_t *ack_word(xsrc::Qpn qpn) const
+	{
+		return board_ ? &board_[qpn.value() & (kAckBoardEntries - 1)] : nullptr;
+	}
 
 private:
 	void drain(bool wait_for_lock) noexcept;
@@ -206,6 +219,7 @@ private:
 	std::vector<xsrc_qp *> qps_;   // our RC QPs on the wire
 	unique_fd responses_;          // our end of the pair
 	bool batched_ = false;         // the daemon sends batches of responses
+	uint64_t *board_ = nullptr;    // our ACK board (kAckBoardEntries words), shared with xsrcd
 	std::vector<uint8_t> received_;  // one message of responses_ (recv_lock_)
 	unique_fd wake_;               // eventfd: a deadline sooner than our sleep
 	std::atomic<uint64_t> sleep_until_{0};
@@ -392,6 +406,34 @@ uint32_t reads_allowed(const xsrc_qp *qp)
 	return std::max<uint32_t>(qp->entry->max_rd_atomic, 1);
 }
 
+// The ACK our xsrcd left on the board for this QP's peer, if it is still
+// there: sent last in the batch of our requests (XSRC_WIRE_RESPONSES_ACK_BOARD),
+// so the peer's xsrcd takes them in one wake-up: shorter than the packet
+// before it, it rides as the last segment of that packet's UDP GSO
+// datagram (a datagram of its own could be sent after a wake-up of the
+// peer's xsrcd took our CPU). The word is taken by
+// compare-and-swap; one our xsrcd already sent, or that another QP of ours
+// sharing the entry owns (its tag), stays.
+void take_owed_ack(const xsrc_qp *qp, xsrc_wire_qp &wq, w::PacketBatch &out)
+{
+#ifndef XSRC_ACK_OWED
+	// A provider built against headers from before the board has none.
+	(void)qp;
+	(void)wq;
+	(void)out;
+#else
+	std::atomic_ref<uint64_t> entry(*wq.ack_word);
+	uint64_t word = entry.load(std::memory_order_acquire);
+	constexpr uint64_t kOwnerBits = 0xffffULL << 48;
+	if ((word & kOwnerBits) != (XSRC_ACK_OWED | XSRC_ACK_TAG(qp->qpn.value())) ||
+	    !entry.compare_exchange_strong(word, 0, std::memory_order_acq_rel))
+		return;
+	auto hdr = w::acknowledge_headers(static_cast<uint8_t>(w::Transport::rc), wq.dest_qpn, XSRC_ACK_PSN(word),
+					  w::aeth::kAck, XSRC_ACK_MSN(word));
+	(void)out.add(hdr, nullptr, 0, 0);
+#endif
+}
+
 // Sends what the window allows from send_psn on (a batch of packets per
 // system call); arms the ACK timer.
 // A READ or atomic past max_rd_atomic outstanding waits, and everything
@@ -402,6 +444,7 @@ void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 		return;
 	wq.rnr_until_ns = 0;
 	w::PacketBatch out(*wq.socket, wq.dgid);
+	const uint32_t first_psn = wq.send_psn;
 	while (wq.send_psn != wq.next_psn && psn_diff(wq.send_psn, wq.una_psn) < wq.cwnd &&
 	       wq.send_index < wq.size) {
 		xsrc_wire_msg &m = wq.msg(wq.send_index);
@@ -426,6 +469,8 @@ void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 	}
 	if (wq.size && !wq.deadline_ns)
 		wq.deadline_ns = now + ack_timeout_ns(qp);
+	if (wq.ack_word && wq.send_psn != first_psn)
+		take_owed_ack(qp, wq, out);
 }
 
 // Back to the oldest unacknowledged PSN (go-back-N).
@@ -724,33 +769,71 @@ bool source_gid(ibv_context *ibctx, uint8_t port, uint8_t index, ibv_gid &gid, u
 
 // XSRC_CMD_WIRE_RESPONSES: the daemon takes `fd`, sending a batch of
 // responses per message where it can (`batched`). Returns 0 or errno.
-int register_responses(xsrc_context *ctx, int fd, bool &batched)
+// A memfd for the ACK board, sealed against any change of size (xsrcd maps
+// it too, and refuses a file that could shrink under it).
+xsrc::unique_fd ack_board_memfd()
 {
-	batched = false;
+	xsrc::unique_fd fd(memfd_create("xsrc-ack-board", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+	if (!fd || ftruncate(fd.get(), kAckBoardEntries * sizeof(uint64_t)) ||
+	    fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
+		return xsrc::unique_fd();
+	return fd;
+}
+
+// Registers the response socket `fd` (and, where the daemon takes one, the
+// ACK board `board_fd`, -1: none): the newest form the daemon knows.
+int register_responses(xsrc_context *ctx, int fd, int board_fd, bool &batched, bool &board)
+{
+	batched = board = false;
 #if XSRC_DRIVER_ABI_REVISION >= 8
 	struct {
 		ib_uverbs_cmd_hdr hdr;
 		xsrc_wire_responses body;
 	} cmd{};
-	xsrc_cmd_header(cmd.hdr, XSRC_CMD_WIRE_RESPONSES, sizeof(cmd), 0);
 	cmd.body.fd = static_cast<uint32_t>(fd);
-#ifdef XSRC_WIRE_RESPONSE_BATCH_BYTES
-	cmd.body.comp_mask = XSRC_WIRE_RESPONSES_BATCHED;
-	ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
-	if (n == static_cast<ssize_t>(sizeof(cmd))) {
-		batched = true;
-		return 0;
-	}
-	if (n >= 0 || (errno != EOPNOTSUPP && errno != EINVAL))
-		return n < 0 ? errno : EIO;
-	cmd.body.comp_mask = 0;  // a daemon that sends one response per message
+#ifdef XSRC_ACK_OWED
+	// Without the board the command is as long as it was before it.
+	constexpr size_t kShort = sizeof(cmd.hdr) + offsetof(xsrc_wire_responses, board_fd);
+#else
+	constexpr size_t kShort = sizeof(cmd);
 #endif
-	ssize_t sent = write(ctx->ibv_ctx.context.cmd_fd, &cmd, sizeof(cmd));
-	return sent == static_cast<ssize_t>(sizeof(cmd)) ? 0 : (sent < 0 ? errno : EIO);
+	auto send = [&](uint32_t comp_mask, size_t len) {
+		cmd.body.comp_mask = comp_mask;
+		xsrc_cmd_header(cmd.hdr, XSRC_CMD_WIRE_RESPONSES, len, 0);
+		ssize_t n = write(ctx->ibv_ctx.context.cmd_fd, &cmd, len);
+		if (n == static_cast<ssize_t>(len))
+			return 0;
+		return n < 0 ? errno : EIO;
+	};
+	// A daemon that predates a form refuses it (EOPNOTSUPP, or EINVAL for
+	// a command longer than it knows): the next older one.
+	auto older = [](int err) { return err == EOPNOTSUPP || err == EINVAL; };
+	int err = EOPNOTSUPP;
+#ifdef XSRC_ACK_OWED
+	if (board_fd >= 0) {
+		cmd.body.board_fd = static_cast<uint32_t>(board_fd);
+		cmd.body.board_entries = kAckBoardEntries;
+		if (!(err = send(XSRC_WIRE_RESPONSES_BATCHED | XSRC_WIRE_RESPONSES_ACK_BOARD, sizeof(cmd)))) {
+			batched = board = true;
+			return 0;
+		}
+		cmd.body.board_fd = cmd.body.board_entries = 0;
+	}
+#else
+	(void)board_fd;
+#endif
+#ifdef XSRC_WIRE_RESPONSE_BATCH_BYTES
+	if (older(err) && !(err = send(XSRC_WIRE_RESPONSES_BATCHED, kShort)))
+		batched = true;
+#endif
+	if (older(err))
+		err = send(0, kShort);  // a daemon that sends one response per message
+	return err;
 #else
 	// A provider built against an older driver ABI: no RC on the wire.
 	(void)ctx;
 	(void)fd;
+	(void)board_fd;
 	return EOPNOTSUPP;
 #endif
 }
@@ -761,6 +844,8 @@ namespace xsrc {
 
 WireEngine::~WireEngine()
 {
+	if (board_)
+		munmap(board_, kAckBoardEntries * sizeof(uint64_t));
 	if (!started_)
 		return;
 	stop_ = true;
@@ -794,10 +879,25 @@ int WireEngine::start() noexcept
 	} catch (const std::bad_alloc &) {
 		return ENOMEM;
 	}
-	if (int err = register_responses(ctx_, theirs.get(), batched_)) {
+	// The ACK board is an optimisation: without a memfd, or with a daemon
+	// that takes none, every ACK is the daemon's to send at once.
+	unique_fd board = ack_board_memfd();
+	void *words = MAP_FAILED;
+	if (board)
+		words = mmap(nullptr, kAckBoardEntries * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED,
+			     board.get(), 0);
+	bool have_board = false;
+	if (int err = register_responses(ctx_, theirs.get(), words != MAP_FAILED ? board.get() : -1, batched_,
+					 have_board)) {
+		if (words != MAP_FAILED)
+			munmap(words, kAckBoardEntries * sizeof(uint64_t));
 		verbs_err(&ctx_->ibv_ctx, "the device refused our RoCE response socket: %s\n", strerror(err));
 		return err;
 	}
+	if (have_board)
+		board_ = static_cast<uint64_t *>(words);
+	else if (words != MAP_FAILED)
+		munmap(words, kAckBoardEntries * sizeof(uint64_t));
 	responses_ = std::move(ours);
 	int err = xsrc_start_thread(thread_, thread_main, this);
 	if (err) {
@@ -1052,6 +1152,8 @@ int xsrc_wire_qp_modify(xsrc_qp *qp, const ibv_qp_attr &attr, int attr_mask) noe
 				return err;
 			if (int err = ctx->wire_engine->add(qp))
 				return err;
+			if (!wq.xrc)
+				wq.ack_word = ctx->wire_engine->ack_word(qp->qpn);
 			ctx->wire_live.store(ctx->wire_engine.get(), std::memory_order_release);
 		}
 	}

@@ -92,6 +92,23 @@ for run in rc:1:1 rc:1:$((mtu - 1)) rc:1:$mtu rc:1:$((mtu + 1)) rc:1:65536 rc:1:
 done
 [ "$(status_field 1 wire_gso)" -gt "$gso_before" ] || bad "host 1 took no GSO datagram"
 
+# 3b. The ACK a request asks for waits a moment on the owner's ACK board
+# and leaves with the owner's reply, in one datagram: in a ping-pong most
+# ACKs are left there (wire_acks_left) and taken, few sent late by xsrcd
+# (wire_acks_late). A daemon serving revision 9 takes no board.
+left_before=$(status_field 1 wire_acks_left)
+late_before=$(status_field 1 wire_acks_late)
+pingpong ibv_rc_pingpong 1 2 1 64 1000
+left=$(( $(status_field 1 wire_acks_left) - left_before ))
+late=$(( $(status_field 1 wire_acks_late) - late_before ))
+echo "host 1: $left ACKs left on the board in 1000 round trips, $late of them sent late"
+if [ "${XSRC_HOSTS_ABI:-}" = 9 ]; then
+  [ "$left" -eq 0 ] || bad "a daemon at --abi 9 left $left ACKs on a board"
+else
+  [ "$left" -ge 500 ] || bad "only $left of 1000 ACKs left on the board"
+  [ "$late" -le $((left / 4)) ] || bad "$late of $left ACKs left on the board were sent late"
+fi
+
 # 4. Completion events (-e): both sides sleep in ibv_get_cq_event, so the
 # ACKs that complete their SENDs are read by the response thread alone,
 # which waits on the socket while a CQ is armed.

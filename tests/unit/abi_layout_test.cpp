@@ -125,6 +125,11 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_bind_mw, access, 20, 4),
 	XSRC_PIN_FIELD(xsrc_bind_mw, addr, 24, 8),
 	XSRC_PIN_FIELD(xsrc_bind_mw, length, 32, 8),
+	XSRC_PIN_STRUCT(xsrc_wire_responses, 16, 4),  // r8: 8 bytes; the ACK board (later in r10) appended 8
+	XSRC_PIN_FIELD(xsrc_wire_responses, comp_mask, 0, 4),
+	XSRC_PIN_FIELD(xsrc_wire_responses, fd, 4, 4),
+	XSRC_PIN_FIELD(xsrc_wire_responses, board_fd, 8, 4),
+	XSRC_PIN_FIELD(xsrc_wire_responses, board_entries, 12, 4),
 	XSRC_PIN_STRUCT(xsrc_invalidate, 24, 4),  // r4
 	XSRC_PIN_FIELD(xsrc_invalidate, comp_mask, 0, 4),
 	XSRC_PIN_FIELD(xsrc_invalidate, kind, 4, 4),

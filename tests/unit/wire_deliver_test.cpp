@@ -8,9 +8,14 @@
 // resources of max_dest_rd_atomic, and responses handed to the requester's
 // socket. XRC: the SRQ the XRCETH names, of the receive QP's domain.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include "command_fixture.h"
 #include "common/ring_ops.h"
@@ -644,7 +649,7 @@ TEST_F(WireRcTest, ResponsesOfABatchGoTogetherToABatchReader)
 	EXPECT_EQ(recv(ours.get(), got, sizeof(got), MSG_DONTWAIT), -1) << "a batch sent twice";
 	// An unknown comp_mask bit is refused, as a daemon without batches
 	// refuses this one (the provider then asks for single responses).
-	cmd.comp_mask = XSRC_WIRE_RESPONSES_BATCHED << 1;
+	cmd.comp_mask = XSRC_WIRE_RESPONSES_ACK_BOARD << 1;
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);
 	// So does a daemon serving revision 9 (--abi 9): batches came with 10.
 	dev.abi_revision = 9;
@@ -655,9 +660,159 @@ TEST_F(WireRcTest, ResponsesOfABatchGoTogetherToABatchReader)
 	dev.abi_revision = XSRC_DRIVER_ABI_REVISION;
 }
 
+// The ACK board (XSRC_WIRE_RESPONSES_ACK_BOARD): a context that registers
+// one with its response socket.
+class AckBoardTest : public WireRcTest {
+protected:
+	static constexpr uint32_t kEntries = 64;
+
+	void SetUp() override
+	{
+		WireRcTest::SetUp();
+		int sv[2];
+		ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+		ours.reset(sv[0]);
+		theirs.reset(sv[1]);
+		board_fd = sealed_memfd(kEntries * sizeof(uint64_t));
+		ASSERT_TRUE(board_fd);
+		void *p = mmap(nullptr, kEntries * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, board_fd.get(), 0);
+		ASSERT_NE(p, MAP_FAILED);
+		words = static_cast<uint64_t *>(p);
+		ASSERT_EQ(run(XSRC_CMD_WIRE_RESPONSES, board_cmd()), 0);
+		ASSERT_TRUE(ctx.ack_board);
+	}
+	void TearDown() override
+	{
+		if (words)
+			munmap(words, kEntries * sizeof(uint64_t));
+		WireRcTest::TearDown();
+	}
+
+	static unique_fd sealed_memfd(size_t bytes, unsigned seals = F_SEAL_SHRINK)
+	{
+		unique_fd fd(memfd_create("ack-board-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+		if (!fd || ftruncate(fd.get(), static_cast<off_t>(bytes)) || (seals && fcntl(fd.get(), F_ADD_SEALS, seals)))
+			return unique_fd();
+		return fd;
+	}
+	xsrc_wire_responses board_cmd(uint32_t entries = kEntries) const
+	{
+		return {XSRC_WIRE_RESPONSES_BATCHED | XSRC_WIRE_RESPONSES_ACK_BOARD, static_cast<uint32_t>(theirs.get()),
+			static_cast<uint32_t>(board_fd.get()), entries};
+	}
+	std::atomic_ref<uint64_t> word() { return std::atomic_ref<uint64_t>(words[rc.qpn % kEntries]); }
+	static uint64_t owed(uint32_t qpn, uint32_t msn, uint32_t psn)
+	{
+		return XSRC_ACK_OWED | XSRC_ACK_TAG(qpn) | uint64_t(msn) << 24 | psn;
+	}
+	// A SEND ONLY asking for an ACK, into a receive posted for it.
+	void send_one(uint32_t psn)
+	{
+		post_rc_recv();
+		ASSERT_EQ(send_rc(0x04, psn, {}, {1, 2, 3}), WireOutcome::delivered);
+		ASSERT_TRUE(completion());
+	}
+
+	unique_fd ours, theirs, board_fd;
+	uint64_t *words = nullptr;
+};
+
+// The ACK a SEND asked for waits on the board, as a word of the QP (its tag,
+// MSN and PSN) for the owner to send; once the owner took it, the daemon
+// forgets it and sends nothing.
+TEST_F(AckBoardTest, AnAckWaitsOnTheBoardForTheOwner)
+{
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn));
+	EXPECT_EQ(word().load(), owed(rc.qpn, 1, kModifyRqPsn));
+	ASSERT_EQ(dev.owed_acks.size(), 1u);
+	EXPECT_GT(wire_acks_due(dev), 0u) << "due later";
+	uint64_t w = owed(rc.qpn, 1, kModifyRqPsn);
+	ASSERT_TRUE(word().compare_exchange_strong(w, 0)) << "the owner takes it";
+	EXPECT_EQ(wire_acks_due(dev), 0u);
+	EXPECT_TRUE(dev.owed_acks.empty());
+	EXPECT_EQ(word().load(), 0u);
+	EXPECT_EQ(dev.acks_late, 0u);
+
+	// A later ACK of the same QP covers an earlier one still waiting.
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn + 1));
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn + 2));
+	EXPECT_EQ(word().load(), owed(rc.qpn, 3, kModifyRqPsn + 2));
+	wire_acks_due(dev);
+	EXPECT_EQ(dev.owed_acks.size(), 1u) << "the covered one is forgotten";
+}
+
+// An ACK the owner does not take is the daemon's once its delay passed: it
+// takes the word back (and sends the ACK), and the QP's next ACKs go out at
+// once for a while (a peer that sends nothing back).
+TEST_F(AckBoardTest, AnAckNotTakenIsSentAfterItsDelay)
+{
+	dev.ack_delay_ns = 1'000'000;
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn));
+	uint64_t due = wire_acks_due(dev);
+	ASSERT_GT(due, 0u);
+	EXPECT_EQ(word().load(), owed(rc.qpn, 1, kModifyRqPsn)) << "not before its time";
+	std::this_thread::sleep_for(std::chrono::milliseconds(2));
+	EXPECT_EQ(wire_acks_due(dev), 0u);
+	EXPECT_EQ(word().load(), 0u) << "taken back by the daemon";
+	EXPECT_TRUE(dev.owed_acks.empty());
+	EXPECT_EQ(dev.acks_left, 1u);
+	EXPECT_EQ(dev.acks_late, 1u);
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn + 1));
+	EXPECT_EQ(word().load(), 0u) << "sent at once, not left on the board";
+	EXPECT_TRUE(dev.owed_acks.empty());
+}
+
+// The word of another QP in the entry (QPNs equal modulo the board's size)
+// is left alone: the ACK goes out at once. So does every ACK of a daemon
+// whose delay is 0.
+TEST_F(AckBoardTest, AnotherQpsWordOrNoDelaySendsAtOnce)
+{
+	const uint64_t other = owed(rc.qpn + kEntries, 5, 77);
+	word().store(other);
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn));
+	EXPECT_EQ(word().load(), other);
+	EXPECT_TRUE(dev.owed_acks.empty());
+	word().store(0);
+	dev.ack_delay_ns = 0;
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn + 1));
+	EXPECT_EQ(word().load(), 0u);
+	EXPECT_TRUE(dev.owed_acks.empty());
+}
+
+// A board the daemon could fault on, or a malformed one, is refused; a
+// caller from before the board sends the 8-byte command, still taken.
+TEST_F(AckBoardTest, OnlyASealedBoardOfItsSizeIsTaken)
+{
+	xsrc_wire_responses cmd = board_cmd();
+	unique_fd unsealed = sealed_memfd(kEntries * sizeof(uint64_t), 0);
+	ASSERT_TRUE(unsealed);
+	cmd.board_fd = static_cast<uint32_t>(unsealed.get());
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL) << "not sealed against shrinking";
+	unique_fd small = sealed_memfd(8);
+	ASSERT_TRUE(small);
+	cmd.board_fd = static_cast<uint32_t>(small.get());
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL) << "shorter than its entries";
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, board_cmd(48)), EINVAL) << "not a power of two";
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, board_cmd(2 * XSRC_ACK_BOARD_MAX)), EINVAL);
+	cmd = board_cmd();
+	cmd.comp_mask = XSRC_WIRE_RESPONSES_BATCHED;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL) << "board fields without the bit";
+	cmd.board_fd = 1000000;
+	cmd.comp_mask |= XSRC_WIRE_RESPONSES_ACK_BOARD;
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EBADF);
+
+	struct {
+		uint32_t comp_mask, fd;
+	} before_the_board{XSRC_WIRE_RESPONSES_BATCHED, static_cast<uint32_t>(theirs.get())};
+	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, before_the_board), 0);
+	EXPECT_FALSE(ctx.ack_board) << "registered again, without a board";
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn));
+	EXPECT_EQ(word().load(), 0u);
+}
+
 TEST_F(WireRcTest, ResponseSocketMustBeTheCallersSeqpacketSocket)
 {
-	xsrc_wire_responses cmd{2, 0};
+	xsrc_wire_responses cmd{XSRC_WIRE_RESPONSES_ACK_BOARD << 1, 0};
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EOPNOTSUPP);  // an unknown comp_mask bit
 	cmd = {0, 0x80000000u};
 	EXPECT_EQ(run(XSRC_CMD_WIRE_RESPONSES, cmd), EINVAL);

@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: (GPL-2.0 OR Linux-OpenIB)
+// CLOCK_MONOTONIC in nanoseconds: the clock of every timer of the device
+// (ACK timeouts, RNR waits, ACKs left on a board).
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace xsrc {
+
+inline uint64_t monotonic_ns() noexcept
+{
+	timespec ts{};
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+}  // namespace xsrc
