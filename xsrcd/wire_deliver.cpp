@@ -981,9 +981,13 @@ WireOutcome respond_rc(Device &dev, Context &owner, Qp &qp, WireResponderState &
 				return WireOutcome::delivered;
 			}
 			// A duplicate (the requester resent after a lost ACK): what it
-			// asked was done; say so again, with where we are.
+			// asked was done; say so again, with where we are. Its ACK
+			// timeout may be shorter than our delay: the QP's next ACKs
+			// go out at once.
 			if (pk.bth.ack_req)
 				send_aeth(dev, pk, qp, w::aeth::kAck, (st.epsn - 1) & w::kPsnMask, st.msn);
+			if (owner.ack_board)
+				owner.ack_board->at_once(qp.qpn().value()) = kAtOnceAfterLate;
 			return WireOutcome::delivered;
 		}
 		// A gap: one NAK per gap, then the requester goes back (go-back-N).

@@ -762,6 +762,19 @@ TEST_F(AckBoardTest, AnAckNotTakenIsSentAfterItsDelay)
 	EXPECT_TRUE(dev.owed_acks.empty());
 }
 
+// A duplicate request (a requester whose ACK timeout is shorter than the
+// delay resends) is acknowledged at once, and so are the QP's next ACKs.
+TEST_F(AckBoardTest, ADuplicateSendsTheNextAcksAtOnce)
+{
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn));
+	ASSERT_EQ(word().load(), owed(rc.qpn, 1, kModifyRqPsn));
+	EXPECT_EQ(send_rc(0x04, kModifyRqPsn, {}, {1, 2, 3}), WireOutcome::delivered);
+	EXPECT_FALSE(completion()) << "a duplicate completes nothing";
+	word().store(0);  // the owner took the first
+	ASSERT_NO_FATAL_FAILURE(send_one(kModifyRqPsn + 1));
+	EXPECT_EQ(word().load(), 0u) << "sent at once";
+}
+
 // The word of another QP in the entry (QPNs equal modulo the board's size)
 // is left alone: the ACK goes out at once. So does every ACK of a daemon
 // whose delay is 0.
