@@ -844,16 +844,17 @@ namespace xsrc {
 
 WireEngine::~WireEngine()
 {
+	if (started_) {
+		stop_ = true;
+		uint64_t one = 1;
+		if (write(wake_.get(), &one, sizeof(one)) < 0) {
+			// Only an overflowing counter fails; the thread wakes anyway.
+		}
+		pthread_join(thread_, nullptr);
+	}
+	// After the thread: its timers send requests, and with them owed ACKs.
 	if (board_)
 		munmap(board_, kAckBoardEntries * sizeof(uint64_t));
-	if (!started_)
-		return;
-	stop_ = true;
-	uint64_t one = 1;
-	if (write(wake_.get(), &one, sizeof(one)) < 0) {
-		// Only an overflowing counter fails; the thread wakes anyway.
-	}
-	pthread_join(thread_, nullptr);
 }
 
 int WireEngine::start() noexcept
