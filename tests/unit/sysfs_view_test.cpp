@@ -513,7 +513,10 @@ protected:
 	}
 	std::string run_ibv_devices()
 	{
-		std::string cmd = "SYSFS_PATH=" + root_.string() + " IBV_SHOW_WARNINGS=1 ibv_devices 2>&1";
+		// Without RDMAV_DRIVERS from the caller's environment (`xsrc env`):
+		// libibverbs would find our provider there and match the device.
+		std::string cmd =
+			"env -u RDMAV_DRIVERS SYSFS_PATH=" + root_.string() + " IBV_SHOW_WARNINGS=1 ibv_devices 2>&1";
 		FILE *p = popen(cmd.c_str(), "r");
 		std::string out;
 		char buf[512];
