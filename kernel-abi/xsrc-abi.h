@@ -409,6 +409,11 @@ struct xsrc_wire_responses {
 #define XSRC_ACK_BOARD_MAX 65536
 #define XSRC_ACK_OWED (1ULL << 63)
 #define XSRC_ACK_TAG(qpn) ((__u64)((qpn) & 0x7fff) << 48)
+/* The bits that say whose a word is, and what they are for QP `qpn`. */
+#define XSRC_ACK_OWNER_MASK (0xffffULL << 48)
+#define XSRC_ACK_OWNER(qpn) (XSRC_ACK_OWED | XSRC_ACK_TAG(qpn))
+#define XSRC_ACK_WORD(qpn, msn, psn) \
+	(XSRC_ACK_OWNER(qpn) | (__u64)((msn) & 0xffffff) << 24 | ((psn) & 0xffffff))
 #define XSRC_ACK_MSN(word) ((__u32)((word) >> 24) & 0xffffff)
 #define XSRC_ACK_PSN(word) ((__u32)(word) & 0xffffff)
 

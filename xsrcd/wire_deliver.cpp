@@ -26,7 +26,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -458,8 +457,6 @@ void send_aeth(Device &dev, const Packet &pk, const Qp &qp, uint8_t syndrome, ui
 // After the owner let an ACK wait out its delay, this many of its QP's
 // next ACKs go out at once before one is left on the board again.
 constexpr uint8_t kAtOnceAfterLate = 64;
-// The bits of a board word that say whose it is: XSRC_ACK_OWED and the tag.
-constexpr uint64_t kAckOwnerBits = 0xffffULL << 48;
 
 // The ACK an in-order RC request asked for, left on the owner's ACK board
 // (XSRC_WIRE_RESPONSES_ACK_BOARD) rather than sent: a peer that answers at
@@ -483,13 +480,12 @@ bool owe_ack(Device &dev, Context &owner, const Qp &qp, const Packet &pk, uint32
 	const xsrc_wire_socket *s = response_socket(dev, pk, qp);
 	if (!s)
 		return false;
-	const uint64_t word = XSRC_ACK_OWED | XSRC_ACK_TAG(qpn) | (uint64_t(msn & w::kPsnMask) << 24) |
-			      (psn & w::kPsnMask);
+	const uint64_t word = XSRC_ACK_WORD(qpn, msn, psn);
 	auto entry = board->word(qpn);
 	uint64_t seen = entry.load(std::memory_order_acquire);
 	do {
 		// Empty, or an earlier ACK of this QP, which ours covers.
-		if (seen && (seen & kAckOwnerBits) != (XSRC_ACK_OWED | XSRC_ACK_TAG(qpn)))
+		if (seen && (seen & XSRC_ACK_OWNER_MASK) != XSRC_ACK_OWNER(qpn))
 			return false;
 	} while (!entry.compare_exchange_weak(seen, word, std::memory_order_acq_rel));
 	OwedAck owed;

@@ -424,8 +424,7 @@ void take_owed_ack(const xsrc_qp *qp, xsrc_wire_qp &wq, w::PacketBatch &out)
 #else
 	std::atomic_ref<uint64_t> entry(*wq.ack_word);
 	uint64_t word = entry.load(std::memory_order_acquire);
-	constexpr uint64_t kOwnerBits = 0xffffULL << 48;
-	if ((word & kOwnerBits) != (XSRC_ACK_OWED | XSRC_ACK_TAG(qp->qpn.value())) ||
+	if ((word & XSRC_ACK_OWNER_MASK) != XSRC_ACK_OWNER(qp->qpn.value()) ||
 	    !entry.compare_exchange_strong(word, 0, std::memory_order_acq_rel))
 		return;
 	auto hdr = w::acknowledge_headers(static_cast<uint8_t>(w::Transport::rc), wq.dest_qpn, XSRC_ACK_PSN(word),
