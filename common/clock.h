@@ -16,4 +16,10 @@ inline uint64_t monotonic_ns() noexcept
 	return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
 
+// A span of `ns` nanoseconds as a timespec (a ppoll timeout).
+inline timespec timespec_of_ns(uint64_t ns) noexcept
+{
+	return {static_cast<time_t>(ns / 1'000'000'000u), static_cast<long>(ns % 1'000'000'000u)};
+}
+
 }  // namespace xsrc

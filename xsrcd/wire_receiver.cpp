@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -230,8 +229,7 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 			timespec left{}, *timeout = nullptr;
 			if (due) {
 				uint64_t now = monotonic_ns();
-				uint64_t ns = due > now ? due - now : 0;
-				left = {static_cast<time_t>(ns / 1'000'000'000u), static_cast<long>(ns % 1'000'000'000u)};
+				left = timespec_of_ns(due > now ? due - now : 0);
 				timeout = &left;
 			}
 			int ready = ppoll(fds, 2, timeout, nullptr);

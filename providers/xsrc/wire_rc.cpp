@@ -37,6 +37,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/iov.h"
 #include "peer_memory.h"
 #include "wire/headers.h"
@@ -72,6 +73,7 @@ constexpr int kRnrRetryForever = 7;
 constexpr int kResponseBufferBytes = 1 << 20;
 // Words of a context's ACK board: one per QPN modulo this (32 KiB).
 constexpr uint32_t kAckBoardEntries = 4096;
+constexpr size_t kAckBoardBytes = kAckBoardEntries * sizeof(uint64_t);
 // Largest response handed to us: headers and a path MTU of payload.
 constexpr size_t kMaxResponse = 4096 + 64;
 // Largest message of the response socket: a batch, where the daemon sends them.
@@ -773,7 +775,7 @@ bool source_gid(ibv_context *ibctx, uint8_t port, uint8_t index, ibv_gid &gid, u
 xsrc::unique_fd ack_board_memfd()
 {
 	xsrc::unique_fd fd(memfd_create("xsrc-ack-board", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-	if (!fd || ftruncate(fd.get(), kAckBoardEntries * sizeof(uint64_t)) ||
+	if (!fd || ftruncate(fd.get(), kAckBoardBytes) ||
 	    fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
 		return xsrc::unique_fd();
 	return fd;
@@ -853,7 +855,7 @@ WireEngine::~WireEngine()
 	}
 	// After the thread: its timers send requests, and with them owed ACKs.
 	if (board_)
-		munmap(board_, kAckBoardEntries * sizeof(uint64_t));
+		munmap(board_, kAckBoardBytes);
 }
 
 int WireEngine::start() noexcept
@@ -882,24 +884,21 @@ int WireEngine::start() noexcept
 	// The ACK board is an optimisation: without a memfd, or with a daemon
 	// that takes none, every ACK is the daemon's to send at once.
 	unique_fd board = ack_board_memfd();
-	void *words = MAP_FAILED;
-	if (board)
-		words = mmap(nullptr, kAckBoardEntries * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED,
-			     board.get(), 0);
-	bool have_board = false;
-	if (int err = register_responses(ctx_, theirs.get(), words != MAP_FAILED ? board.get() : -1, batched_,
-					 have_board)) {
-		if (words != MAP_FAILED)
-			munmap(words, kAckBoardEntries * sizeof(uint64_t));
-		verbs_err(&ctx_->ibv_ctx, "the device refused our RoCE response socket: %s\n", strerror(err));
-		return err;
-	}
+	void *words = board ? mmap(nullptr, kAckBoardBytes, PROT_READ | PROT_WRITE, MAP_SHARED, board.get(), 0)
+			    : MAP_FAILED;
+	bool have_board = false;  // only on success
+	int err = register_responses(ctx_, theirs.get(), words != MAP_FAILED ? board.get() : -1, batched_,
+				     have_board);
 	if (have_board)
 		board_ = static_cast<uint64_t *>(words);
 	else if (words != MAP_FAILED)
-		munmap(words, kAckBoardEntries * sizeof(uint64_t));
+		munmap(words, kAckBoardBytes);
+	if (err) {
+		verbs_err(&ctx_->ibv_ctx, "the device refused our RoCE response socket: %s\n", strerror(err));
+		return err;
+	}
 	responses_ = std::move(ours);
-	int err = xsrc_start_thread(thread_, thread_main, this);
+	err = xsrc_start_thread(thread_, thread_main, this);
 	if (err) {
 		verbs_err(&ctx_->ibv_ctx, "cannot start the RoCE response thread: %s\n", strerror(err));
 		return err;
@@ -1057,9 +1056,7 @@ void WireEngine::run() noexcept
 		}
 		timespec ts{}, *timeout = nullptr;
 		if (next != UINT64_MAX) {
-			uint64_t wait = next > now ? next - now : 0;
-			ts.tv_sec = static_cast<time_t>(wait / 1000000000ull);
-			ts.tv_nsec = static_cast<long>(wait % 1000000000ull);
+			ts = xsrc::timespec_of_ns(next > now ? next - now : 0);
 			timeout = &ts;
 		}
 		pollfd fds[2] = {{watch ? responses_.get() : -1, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
