@@ -255,6 +255,9 @@ public:
 	xsrc_cq_ring *ring() const { return ring_; }
 	// The position of the next completion (one past the last taken).
 	uint64_t pos() const { return pos_; }
+	// The sequence word of the slot the next completion lands in: pos() + 1
+	// there says it has (take() would return it).
+	const __u64 *next_seq() const { return &slots_[pos_ & (num_entries_ - 1)].seq; }
 
 	// Takes the next completion, if there is one. A payload that travels
 	// with it is placed only where may_write(va, len) says this process

@@ -257,6 +257,9 @@ struct xsrc_cq {
 	// Polls so far: a QP that posts twice with no poll between is streaming
 	// (requester.cpp defers its small WQEs into batches).
 	std::atomic<uint64_t> polls{0};
+	// Where the next completion lands, for a poll that looks before it
+	// locks (cq.cpp: cq_looks_empty); 0: the lock decides. Under poll_lock.
+	std::atomic<uint64_t> peek{0};
 
 	xsrc_cq_ring *ring() const { return consumer.ring(); }  // where completions go
 };
