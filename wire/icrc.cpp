@@ -19,6 +19,10 @@ uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n)
 	return crc32_gzip_refl(crc, p, static_cast<uint64_t>(n));
 }
 
+// The pseudo header's 8 bytes of ones, whose CRC every packet starts from.
+constexpr uint8_t kOnes[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+const uint32_t kOnesCrc = crc_update(0, kOnes, sizeof(kOnes));
+
 }  // namespace
 
 std::optional<uint32_t> icrc(std::span<const uint8_t> packet)
@@ -48,9 +52,7 @@ std::optional<uint32_t> icrc(std::span<const uint8_t> packet)
 	uint8_t *bth = udp + kUdpBytes;
 	bth[4] = 0xFF;               // FECN, BECN, resv6
 
-	static constexpr uint8_t kOnes[8] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
-	uint32_t crc = crc_update(0, kOnes, sizeof(kOnes));
-	crc = crc_update(crc, h, masked_bytes);
+	uint32_t crc = crc_update(kOnesCrc, h, masked_bytes);
 	return crc_update(crc, packet.data() + masked_bytes, packet.size() - masked_bytes);
 }
 
