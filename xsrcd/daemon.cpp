@@ -185,18 +185,21 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 	// end, so that payloads may wait for one another (WirePending) with no
 	// command in between; it is let go, what waits landed, at the end and
 	// before a CM MAD (the cm takes its own lock, then ours).
+	// The device is looked up once per batch, under the lock that keeps it.
 	struct Batch {
 		std::unique_lock<std::mutex> lock;
+		Device *dev = nullptr;
 	};
 	auto batch = std::make_shared<Batch>();
-	auto finish = [this, name, batch] {
+	auto finish = [batch] {
 		if (!batch->lock)
 			return;
-		if (Device *dev = find_device_locked(name)) {
+		if (Device *dev = batch->dev) {
 			wire_flush(*dev);
 			wire_flush_responses(*dev);
 			dev->wire_pending.open = false;
 		}
+		batch->dev = nullptr;
 		batch->lock = {};
 	};
 	auto receiver = WireReceiver::start(
@@ -207,9 +210,11 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 				gsi_hook_(ifindex, packet);
 				return WireOutcome::delivered;
 			}
-			if (!batch->lock)
+			if (!batch->lock) {
 				batch->lock = this->lock();
-			Device *dev = find_device_locked(name);
+				batch->dev = find_device_locked(name);
+			}
+			Device *dev = batch->dev;
 			if (!dev)
 				return WireOutcome::dropped;
 			dev->wire_pending.open = true;
