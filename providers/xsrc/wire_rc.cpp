@@ -6,7 +6,8 @@
 // packets in flight; ACKs complete messages in order; a PSN sequence NAK
 // or the local ACK timeout (4.096 us * 2^timeout) resends from the oldest
 // unacknowledged PSN (go-back-N), the two together retry_cnt times without
-// progress (one NAK per try, as rxe counts them); an RNR NAK waits its
+// progress (one NAK per try, as rxe counts them), and a requester left
+// without news goes back early, uncounted (kStallNs); an RNR NAK waits its
 // timer (rnr_retry times, 7 = forever); error NAKs and exhausted retries
 // complete with the error and move the QP to ERR. An XRC send QP is RC with
 // the XRC opcodes and an XRCETH naming the remote SRQ in every request.
@@ -69,6 +70,25 @@ constexpr uint32_t kPsnHalf = 1u << 23;
 // 42-61 us without.
 constexpr uint64_t kQuietNs = 1000000;
 constexpr int kRnrRetryForever = 7;
+// A requester that got neither an ACK that moves it on nor a sequence NAK
+// for this long, since its last progress or go-back, while messages are in
+// flight, does not wait out the local ACK timeout (67 ms at perftest's
+// timeout 14): a lost tail, a lost NAK or a go-back whose first packet was
+// lost again leaves the responder nothing to NAK, and on a lossy link those
+// waits were most of the time (ib_write_bw 64 KiB at 3 % loss: 43
+// timeouts, about 2.9 s of 3.5 s). First it sends its last packet again,
+// asking for an ACK: a responder that has everything acknowledges it (the
+// ACK was only late: this VM can keep a daemon off the CPU for
+// milliseconds, and a 4 MiB window went back for nothing about once in
+// 2 GB), one that misses a packet before it NAKs that one (a sequence NAK,
+// which counts). Still nothing after as long again: it goes back to the
+// oldest unacknowledged PSN, without counting a retry. Each such go-back
+// waits twice as long as the one before until the next progress, and only
+// while twice the wait is within the ACK timeout. A responder that NAKs the
+// same PSN again is left to the NAK and the timer, which count retries (a
+// peer that NAKs everything still sees retry_cnt + 1 transmissions);
+// duplicate ACKs (of late, duplicated or resent packets) are no news.
+constexpr uint64_t kStallNs = 4'000'000;
 // The response socket's buffer: a window of responses and more.
 constexpr int kResponseBufferBytes = 1 << 20;
 // Words of a context's ACK board: one per QPN modulo this (32 KiB).
@@ -143,6 +163,10 @@ struct xsrc_wire_qp {
 	uint32_t una_psn = 0;       // the oldest unacknowledged
 	uint32_t sent_high = 0;     // one past the highest PSN ever sent (ACKs up to it count)
 	uint64_t deadline_ns = 0;   // the local ACK timeout; 0: nothing in flight
+	uint64_t stall_ns = 0;      // still no news by then: probe, then go back (kStallNs); 0: not armed
+	uint32_t stalls = 0;        // early go-backs since the last progress
+	bool heard = false;         // a sequence NAK for una came since stall_ns was armed
+	bool probed = false;        // the last packet went again since stall_ns was armed
 	uint64_t rnr_until_ns = 0;  // an RNR NAK holds the sending until then
 	int retries_left = -1;      // -1: not counting yet
 	int rnr_retries_left = -1;
@@ -175,6 +199,17 @@ void set_mtu(xsrc_wire_qp &wq, uint32_t mtu)
 void shrink_window(xsrc_wire_qp &wq)
 {
 	wq.cwnd = std::max(wq.cwnd / 2, kMinWindow);
+}
+
+// When the QP's timers are next due: the RNR wait, else the sooner of the
+// ACK timeout and the stall; 0: none.
+uint64_t next_due(const xsrc_wire_qp &wq)
+{
+	if (wq.rnr_until_ns)
+		return wq.rnr_until_ns;
+	if (wq.stall_ns && wq.deadline_ns)
+		return std::min(wq.stall_ns, wq.deadline_ns);
+	return wq.deadline_ns;
 }
 
 }  // namespace
@@ -348,8 +383,10 @@ void send_atomic_write(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_ms
 	(void)out.add({hdr.data(), n}, &value, 1, sizeof(m.swap));
 }
 
-// Sends packet `k` of message `m` with PSN `psn` (into `out`).
-void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn)
+// Sends packet `k` of message `m` with PSN `psn` (into `out`); with
+// `ack_req`, asking for an ACK whatever its place.
+void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uint32_t k, uint32_t psn,
+	      bool ack_req = false)
 {
 	if (m.opcode == IBV_WR_ATOMIC_WRITE) {
 		send_atomic_write(out, wq, m, psn);
@@ -366,7 +403,7 @@ void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uin
 	bth.dest_qpn = wq.dest_qpn;
 	// A smaller window wants its ACKs sooner: at least four per window.
 	uint32_t every = std::max<uint32_t>(std::min(wq.ack_every, wq.cwnd / 4), 1);
-	bth.ack_req = wq.reliable && (last || psn % every == every - 1);
+	bth.ack_req = wq.reliable && (ack_req || last || psn % every == every - 1);
 	bth.psn = psn;
 	size_t n = put_bth(wq, m, bth, hdr);
 	if (first && wqe_is_write(m.opcode)) {
@@ -390,6 +427,16 @@ void send_one(w::PacketBatch &out, xsrc_wire_qp &wq, const xsrc_wire_msg &m, uin
 uint64_t ack_timeout_ns(const xsrc_qp *qp)
 {
 	return xsrc_requester_ack_timeout_ns(qp->entry->timeout);
+}
+
+// Progress, a go-back, or the first send after none was in flight: the
+// responder's silence is counted from now.
+void arm_stall(const xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now, bool probed = false)
+{
+	uint64_t wait = kStallNs << std::min<uint32_t>(wq.stalls, 16);
+	wq.stall_ns = wq.size && 2 * wait <= ack_timeout_ns(qp) ? now + wait : 0;
+	wq.heard = false;
+	wq.probed = probed;
 }
 
 // READ and atomic requests sent and not answered yet (messages before send_index).
@@ -468,10 +515,32 @@ void pump(xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 		if (k + 1 == m.packets)
 			++wq.send_index;
 	}
-	if (wq.size && !wq.deadline_ns)
+	if (wq.size && !wq.deadline_ns) {
 		wq.deadline_ns = now + ack_timeout_ns(qp);
+		arm_stall(qp, wq, now);
+	}
 	if (wq.ack_word && wq.send_psn != first_psn)
 		take_owed_ack(qp, wq, out);
+}
+
+// The last packet sent, again, asking for an ACK (kStallNs). False when
+// it belongs to a READ or atomic, whose request asks for every response
+// again: that is a go-back.
+bool probe(xsrc_wire_qp &wq)
+{
+	uint32_t last = psn_add(wq.sent_high, w::kPsnMask);
+	for (size_t i = 0; i < wq.size; ++i) {
+		const xsrc_wire_msg &m = wq.msg(i);
+		uint32_t k = psn_diff(last, m.first_psn);
+		if (k >= m.packets)
+			continue;
+		if (wqe_wants_data(m.opcode))
+			return false;
+		w::PacketBatch out(*wq.socket, wq.dgid);
+		send_one(out, wq, m, k, last, true);
+		return true;
+	}
+	return false;
 }
 
 // Back to the oldest unacknowledged PSN (go-back-N).
@@ -503,9 +572,12 @@ void rearm(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq)
 {
 	wq.retries_left = -1;
 	wq.nak_retry = false;
-	wq.deadline_ns = wq.size ? xsrc_requester_now_ns() + ack_timeout_ns(qp) : 0;
-	if (wq.deadline_ns)
-		ctx->wire_engine->poke(wq.deadline_ns);
+	wq.stalls = 0;
+	uint64_t now = xsrc_requester_now_ns();
+	wq.deadline_ns = wq.size ? now + ack_timeout_ns(qp) : 0;
+	arm_stall(qp, wq, now);
+	if (uint64_t due = next_due(wq))
+		ctx->wire_engine->poke(due);
 }
 
 // Every message whose last PSN is at or before `psn` is done.
@@ -607,6 +679,7 @@ void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth 
 		rewind(wq);
 		wq.rnr_until_ns = now + xsrc_requester_rnr_delay_ns(aeth.syndrome & 0x1F);
 		wq.deadline_ns = wq.rnr_until_ns + ack_timeout_ns(qp);
+		wq.stall_ns = 0;  // the responder said why it is silent
 		return;
 	}
 	case 3: {  // NAK
@@ -615,11 +688,15 @@ void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth 
 			return;  // stale
 		switch (aeth.syndrome & 0x1F) {
 		case 0:  // PSN sequence error: go back, once per try
+			wq.heard = true;
 			if (wq.nak_retry || !spend_retry(ctx, qp, wq))
 				return;
 			wq.nak_retry = true;
 			shrink_window(wq);
 			rewind(wq);
+			arm_stall(qp, wq, now);
+			if (wq.stall_ns)
+				ctx->wire_engine->poke(wq.stall_ns);
 			break;
 		case 1:
 			fail_head(ctx, qp, wq, IBV_WC_REM_INV_REQ_ERR);
@@ -734,7 +811,7 @@ void on_data_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w:
 uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now)
 {
 	if (!wq.size || xsrc::qp_state_load(*qp->entry) == IBV_QPS_ERR) {
-		wq.deadline_ns = 0;
+		wq.deadline_ns = wq.stall_ns = 0;
 		return 0;
 	}
 	if (wq.rnr_until_ns) {
@@ -745,8 +822,22 @@ uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now
 	}
 	if (!wq.deadline_ns)
 		pump(qp, wq, now);
-	if (now < wq.deadline_ns)
-		return wq.deadline_ns;
+	if (now < wq.deadline_ns) {
+		if (wq.stall_ns && now >= wq.stall_ns) {
+			if (wq.heard) {
+				wq.stall_ns = 0;  // it answers: the NAK and the timer decide
+			} else if (!wq.probed && probe(wq)) {
+				arm_stall(qp, wq, now, true);
+			} else {
+				++wq.stalls;
+				shrink_window(wq);
+				rewind(wq);
+				pump(qp, wq, now);
+				arm_stall(qp, wq, now);
+			}
+		}
+		return next_due(wq);
+	}
 	if (!spend_retry(ctx, qp, wq))
 		return 0;
 	wq.nak_retry = false;  // a NAK for this try goes back again
@@ -754,7 +845,7 @@ uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now
 	rewind(wq);
 	wq.deadline_ns = 0;
 	pump(qp, wq, now);
-	return wq.deadline_ns;
+	return next_due(wq);
 }
 
 // The GID at `index` of the QP's port and the interface it is on.
@@ -1018,7 +1109,7 @@ uint64_t WireEngine::timers(uint64_t now) noexcept
 		std::lock_guard sq(qp->sq_lock);
 		if (!qp->wire)
 			continue;
-		uint64_t due = qp->wire->rnr_until_ns ? qp->wire->rnr_until_ns : qp->wire->deadline_ns;
+		uint64_t due = next_due(*qp->wire);
 		if (!due)
 			continue;
 		if (due <= now)
@@ -1275,7 +1366,7 @@ xsrc_attempt_result xsrc_wire_connected_execute(xsrc_context *ctx, xsrc_qp *qp, 
 	bool was_idle = !wq.deadline_ns;
 	pump(qp, wq, xsrc_requester_now_ns());
 	if (was_idle && wq.deadline_ns)
-		ctx->wire_engine->poke(wq.deadline_ns);
+		ctx->wire_engine->poke(next_due(wq));
 	return Result::posted();
 }
 
@@ -1292,7 +1383,8 @@ void xsrc_wire_qp_flush(xsrc_qp *qp, bool forget) noexcept
 	}
 	wq.send_index = 0;
 	wq.send_psn = wq.una_psn = wq.sent_high = wq.next_psn;
-	wq.deadline_ns = wq.rnr_until_ns = 0;
+	wq.deadline_ns = wq.rnr_until_ns = wq.stall_ns = 0;
+	wq.stalls = 0;
 	wq.retries_left = wq.rnr_retries_left = -1;
 	wq.nak_retry = false;
 }

@@ -17,9 +17,10 @@
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
 // late receive ends. The two sides talk over TCP; each scenario gets a fresh
 // QP pair.
-//   rc_wire_verbs server PORT GID_INDEX [data|readgap]
-//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data|readgap]
-// "data": the transfers only; "readgap": client_read_gap only.
+//   rc_wire_verbs server PORT GID_INDEX [data|readgap|tailloss]
+//   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data|readgap|tailloss]
+// "data": the transfers only; "readgap": client_read_gap only; "tailloss":
+// client_tail_loss only.
 // Exit status 0 when every check passed; each failure is printed.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -438,6 +439,43 @@ void client_read_gap(Side &s, int fd)
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
+// RDMA WRITEs of 64 KiB with a local ACK timeout of 4.3 s (timeout 20) and
+// retry_cnt 0, on a link that drops the last packet of some of them
+// (rc_wire_tail_loss.sh). The requester waits for each WRITE before the
+// next, so nothing follows a lost last packet and the responder has no gap
+// to NAK. Each WRITE must complete, its data in place, before its first
+// ACK timeout could have run out, and without spending a retry (there is
+// none to spend): after a few milliseconds without news the requester
+// sends its last packet again, asking for an ACK (wire_rc.cpp: kStallNs).
+void client_tail_loss(Side &s, int fd)
+{
+	constexpr uint8_t kTimeout = 20;
+	constexpr auto kAckTimeout = std::chrono::microseconds((uint64_t(4096) << kTimeout) / 1000);
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kTimeout, .retry_cnt = 0});
+	peer = recv_msg<Endpoint>(fd);
+	constexpr uint32_t kSize = 64u << 10;
+	for (uint32_t seed = 300; seed < 312; ++seed) {
+		fill(s.buf.data(), kSize, seed);
+		auto start = std::chrono::steady_clock::now();
+		check(post_send(s, IBV_WR_RDMA_WRITE, kSize, peer.addr, peer.rkey, 0, 17) == 0, "post RDMA WRITE");
+		ibv_wc wc = one(s, 60s);
+		auto took = std::chrono::steady_clock::now() - start;
+		auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+		int before = failures;
+		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE,
+		      "RDMA WRITE whose last packet may be lost: " + status_text(wc));
+		if (wc.status != IBV_WC_SUCCESS)
+			break;  // the QP is in error: the rest would be flushed
+		send_msg(fd, Order{kCheckWrite, kSize, seed});
+		check(recv_msg<uint32_t>(fd) == 1, "RDMA WRITE whose last packet may be lost: data differs at the responder");
+		check(took < kAckTimeout, "RDMA WRITE whose last packet may be lost took " + std::to_string(ms) +
+						  " ms: it waited for the ACK timer");
+		if (failures == before)
+			std::printf("ok: RDMA WRITE of 64 KiB in %lld ms\n", (long long)ms);
+	}
+	send_msg(fd, Order{kDone, 0, 0});
+}
+
 // A WRITE the responder must refuse: `rkey_delta` off the key or `past` bytes past the MR.
 void client_access_error(Side &s, int fd, uint32_t rkey_delta, uint64_t past, const char *what)
 {
@@ -825,15 +863,16 @@ int main(int argc, char **argv)
 	// "data": only the transfers (on a lossy link a lost NAK turns an
 	// error's completion into a retry timeout, so the error cases need a
 	// clean one).
-	// "readgap": only client_read_gap.
+	// "readgap": only client_read_gap; "tailloss": only client_tail_loss.
 	bool data_only = std::strcmp(argv[argc - 1], "data") == 0;
 	bool read_gap = std::strcmp(argv[argc - 1], "readgap") == 0;
-	if (data_only || read_gap)
+	bool tail_loss = std::strcmp(argv[argc - 1], "tailloss") == 0;
+	if (data_only || read_gap || tail_loss)
 		--argc;
 	bool server = argc == 4 && std::strcmp(argv[1], "server") == 0;
 	bool client = argc == 5 && std::strcmp(argv[1], "client") == 0;
 	if (!server && !client) {
-		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data|readgap] | client ADDRESS PORT GID_INDEX [data|readgap]\n");
+		std::fprintf(stderr, "usage: rc_wire_verbs server PORT GID_INDEX [data|readgap|tailloss] | client ADDRESS PORT GID_INDEX [data|readgap|tailloss]\n");
 		return 2;
 	}
 	int fd = server ? listen_once(argv[2]) : connect_to(argv[2], argv[3]);
@@ -843,9 +882,11 @@ int main(int argc, char **argv)
 	}
 	Side s;
 	open_side(s, static_cast<uint8_t>(std::atoi(argv[server ? 3 : 4])));
-	if (read_gap) {
-		if (client)
+	if (read_gap || tail_loss) {
+		if (client && read_gap)
 			client_read_gap(s, fd);
+		else if (client)
+			client_tail_loss(s, fd);
 		else
 			server_writes(s, fd);
 	} else if (client) {
