@@ -405,6 +405,22 @@ void client_reads_and_atomics(Side &s, int fd)
 	send_msg(fd, Order{kDone, 0, 0});
 }
 
+// A local ACK timeout of 4.3 s (timeout 20): what a test of recovery from
+// loss must finish within, the recovery not being the timer's.
+constexpr uint8_t kLongTimeout = 20;
+constexpr auto kLongAckTimeout = std::chrono::milliseconds((uint64_t(4096) << kLongTimeout) / 1000000);
+
+// Posts `op` of `size` bytes at the peer's buffer, then waits up to 60 s
+// for its completion; `took`: how long that was.
+ibv_wc post_timed(Side &s, ibv_wr_opcode op, uint32_t size, uint64_t wr_id, std::chrono::milliseconds &took)
+{
+	auto start = std::chrono::steady_clock::now();
+	check(post_send(s, op, size, peer.addr, peer.rkey, 0, wr_id) == 0, "post " + std::to_string(op));
+	ibv_wc wc = one(s, 60s);
+	took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+	return wc;
+}
+
 // RDMA READs of 1 MiB with a local ACK timeout of 4.3 s (timeout 20), on a
 // link that loses some READ Response MIDDLE packets (rc_wire_read_gap.sh).
 // Each must complete, data intact, before its first ACK timeout could have
@@ -413,25 +429,21 @@ void client_reads_and_atomics(Side &s, int fd)
 // READ takes some 10-50 ms here; the bound is the timer, not a speed.)
 void client_read_gap(Side &s, int fd)
 {
-	constexpr uint8_t kTimeout = 20;
-	constexpr auto kAckTimeout = std::chrono::microseconds((uint64_t(4096) << kTimeout) / 1000);
-	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kTimeout});
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kLongTimeout});
 	peer = recv_msg<Endpoint>(fd);
 	constexpr uint32_t kSize = 1u << 20;
 	for (uint32_t seed = 200; seed < 204; ++seed) {
 		send_msg(fd, Order{kFill, kSize, seed});
 		(void)recv_msg<uint32_t>(fd);
 		std::memset(s.buf.data(), 0, kSize);
-		auto start = std::chrono::steady_clock::now();
-		check(post_send(s, IBV_WR_RDMA_READ, kSize, peer.addr, peer.rkey, 0, 16) == 0, "post RDMA READ");
-		ibv_wc wc = one(s, 60s);
-		auto took = std::chrono::steady_clock::now() - start;
-		auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+		std::chrono::milliseconds took;
+		ibv_wc wc = post_timed(s, IBV_WR_RDMA_READ, kSize, 16, took);
+		auto ms = took.count();
 		int before = failures;
 		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.byte_len == kSize,
 		      "RDMA READ past lost responses: " + status_text(wc));
 		check(matches(s.buf.data(), kSize, seed), "RDMA READ past lost responses: wrong data");
-		check(took < kAckTimeout, "RDMA READ past lost responses took " + std::to_string(ms) +
+		check(took < kLongAckTimeout, "RDMA READ past lost responses took " + std::to_string(ms) +
 						  " ms: it waited for the ACK timer");
 		if (failures == before)
 			std::printf("ok: RDMA READ of 1 MiB past lost responses in %lld ms\n", (long long)ms);
@@ -449,18 +461,14 @@ void client_read_gap(Side &s, int fd)
 // sends its last packet again, asking for an ACK (wire_rc.cpp: kStallNs).
 void client_tail_loss(Side &s, int fd)
 {
-	constexpr uint8_t kTimeout = 20;
-	constexpr auto kAckTimeout = std::chrono::microseconds((uint64_t(4096) << kTimeout) / 1000);
-	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kTimeout, .retry_cnt = 0});
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .timeout = kLongTimeout, .retry_cnt = 0});
 	peer = recv_msg<Endpoint>(fd);
 	constexpr uint32_t kSize = 64u << 10;
 	for (uint32_t seed = 300; seed < 312; ++seed) {
 		fill(s.buf.data(), kSize, seed);
-		auto start = std::chrono::steady_clock::now();
-		check(post_send(s, IBV_WR_RDMA_WRITE, kSize, peer.addr, peer.rkey, 0, 17) == 0, "post RDMA WRITE");
-		ibv_wc wc = one(s, 60s);
-		auto took = std::chrono::steady_clock::now() - start;
-		auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
+		std::chrono::milliseconds took;
+		ibv_wc wc = post_timed(s, IBV_WR_RDMA_WRITE, kSize, 17, took);
+		auto ms = took.count();
 		int before = failures;
 		check(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE,
 		      "RDMA WRITE whose last packet may be lost: " + status_text(wc));
@@ -468,7 +476,7 @@ void client_tail_loss(Side &s, int fd)
 			break;  // the QP is in error: the rest would be flushed
 		send_msg(fd, Order{kCheckWrite, kSize, seed});
 		check(recv_msg<uint32_t>(fd) == 1, "RDMA WRITE whose last packet may be lost: data differs at the responder");
-		check(took < kAckTimeout, "RDMA WRITE whose last packet may be lost took " + std::to_string(ms) +
+		check(took < kLongAckTimeout, "RDMA WRITE whose last packet may be lost took " + std::to_string(ms) +
 						  " ms: it waited for the ACK timer");
 		if (failures == before)
 			std::printf("ok: RDMA WRITE of 64 KiB in %lld ms\n", (long long)ms);

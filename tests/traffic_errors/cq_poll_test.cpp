@@ -10,34 +10,49 @@
 namespace xsrc_traffic {
 namespace {
 
-using CqPoll = Traffic;
-
-// Signaled RDMA WRITEs of 8 bytes into `dst`, wr_ids from `first` on.
-void post_writes(ibv_qp *qp, const Buffer *src, const PeerMr &dst, uint64_t first, int count)
-{
-	for (int i = 0; i < count; ++i) {
-		SendWr w(first + static_cast<uint64_t>(i), IBV_WR_RDMA_WRITE, src->addr(), 8, src->lkey());
-		w.rdma(dst.addr, dst.rkey);
-		ASSERT_EQ(w.post(qp), 0) << "write " << first + static_cast<uint64_t>(i);
+// Our RC QP whose send CQ (of `cqe`) is the one polled, RDMA WRITEs of 8
+// bytes from `src` into the peer's `dst`.
+class CqPoll : public Traffic {
+protected:
+	void writer(int cqe, uint32_t max_send_wr)
+	{
+		uint64_t pcq = peer_cq();
+		dst = peer_mr(4096, kAllAccess);
+		cq = me().cq(cqe);
+		src = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
+		PairOpts o;
+		o.caps.max_send_wr = max_send_wr;
+		qp = rc_pair(cq, cq, pcq, o).qp;
 	}
-}
+	int post_write(uint64_t wr_id)
+	{
+		SendWr w(wr_id, IBV_WR_RDMA_WRITE, src->addr(), 8, src->lkey());
+		w.rdma(dst.addr, dst.rkey);
+		return w.post(qp);
+	}
+	// Signaled writes, wr_ids from `first` on.
+	void post_writes(uint64_t first, int count)
+	{
+		for (int i = 0; i < count; ++i)
+			ASSERT_EQ(post_write(first + static_cast<uint64_t>(i)), 0) << "write " << first + i;
+	}
+
+	PeerMr dst;
+	ibv_cq *cq = nullptr;
+	Buffer *src = nullptr;
+	ibv_qp *qp = nullptr;
+};
 
 // Completions left in the ring a resize moved away from come first, then
 // those of the new ring; a poll between finds what is there, and an empty
 // CQ polls empty both before and after the move.
 TEST_F(CqPoll, ResizeThatMovesTheRingKeepsEveryCompletionInOrder)
 {
-	uint64_t pcq = peer_cq();
-	PeerMr dst = peer_mr(4096, kAllAccess);
-	ibv_cq *cq = me().cq(16);
-	Buffer *src = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.caps.max_send_wr = 64;
-	Pair p = rc_pair(cq, cq, pcq, o);
+	writer(16, 64);
 
 	ibv_wc wc[4];
 	EXPECT_EQ(ibv_poll_cq(cq, 4, wc), 0) << "a new CQ polls empty";
-	post_writes(p.qp, src, dst, 0, 8);
+	post_writes(0, 8);
 	// One taken before the move: the poll's view of the ring is set up.
 	auto first = poll_completions(cq, 1, 5s);
 	ASSERT_EQ(first.size(), 1u);
@@ -47,7 +62,7 @@ TEST_F(CqPoll, ResizeThatMovesTheRingKeepsEveryCompletionInOrder)
 	// What the old ring holds, with nothing in the new one yet.
 	auto wcs = poll_completions(cq, 7, 5s);
 	ASSERT_EQ(wcs.size(), 7u) << "the old ring's completions after the move:" << describe(wcs);
-	post_writes(p.qp, src, dst, 8, 8);
+	post_writes(8, 8);
 	auto more = poll_completions(cq, 8, 5s);
 	ASSERT_EQ(more.size(), 8u) << describe(more);
 	wcs.insert(wcs.end(), more.begin(), more.end());
@@ -56,7 +71,7 @@ TEST_F(CqPoll, ResizeThatMovesTheRingKeepsEveryCompletionInOrder)
 		EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << "completion " << i;
 	}
 	EXPECT_EQ(ibv_poll_cq(cq, 4, wc), 0) << "drained after the move";
-	post_writes(p.qp, src, dst, 16, 1);
+	post_writes(16, 1);
 	auto last = poll_completions(cq, 1, 5s);
 	ASSERT_EQ(last.size(), 1u) << "a completion after the move and an empty poll";
 	EXPECT_EQ(last[0].wr_id, 16u);
@@ -69,13 +84,7 @@ TEST_F(CqPoll, TwoThreadsPollingOneCqTakeEachCompletionOnce)
 {
 	constexpr int kWrites = 20000;
 	constexpr int kInFlight = 64;
-	uint64_t pcq = peer_cq();
-	PeerMr dst = peer_mr(4096, kAllAccess);
-	ibv_cq *cq = me().cq(256);
-	Buffer *src = me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill);
-	PairOpts o;
-	o.caps.max_send_wr = 128;
-	Pair p = rc_pair(cq, cq, pcq, o);
+	writer(256, 128);
 
 	std::atomic<int> taken{0};
 	std::atomic<bool> failed{false};
@@ -102,9 +111,7 @@ TEST_F(CqPoll, TwoThreadsPollingOneCqTakeEachCompletionOnce)
 	for (int posted = 0; posted < kWrites && std::chrono::steady_clock::now() < deadline;) {
 		if (posted - taken.load() >= kInFlight)
 			continue;
-		SendWr w(static_cast<uint64_t>(posted), IBV_WR_RDMA_WRITE, src->addr(), 8, src->lkey());
-		w.rdma(dst.addr, dst.rkey);
-		if (w.post(p.qp)) {
+		if (post_write(static_cast<uint64_t>(posted))) {
 			failed = true;
 			break;
 		}
