@@ -103,9 +103,11 @@ constexpr unsigned kPeekShift = 48;
 void cq_update_peek(xsrc_cq *cq)
 {
 	uint64_t word = 0;
-	auto va = reinterpret_cast<uintptr_t>(cq->consumer.next_seq());
-	if (!cq->old.ring() && cq->consumer.ring() && va < (uint64_t(1) << kPeekShift))
-		word = va | (cq->consumer.pos() + 1) << kPeekShift;
+	if (!cq->old.ring() && cq->consumer.ring()) {
+		auto va = reinterpret_cast<uintptr_t>(cq->consumer.next_seq());
+		if (va < (uint64_t(1) << kPeekShift))
+			word = va | (cq->consumer.pos() + 1) << kPeekShift;
+	}
 	cq->peek.store(word, std::memory_order_release);
 }
 
@@ -120,11 +122,26 @@ bool cq_looks_empty(const xsrc_cq *cq)
 	return ready << kPeekShift != (word >> kPeekShift) << kPeekShift;
 }
 
-// One more poll (streaming detection), as a plain store: the count only has
-// to change, and a locked increment would cost an empty poll its speed.
-void cq_count_poll(xsrc_cq *cq)
+// What every poll does before it looks at the ring: counts itself
+// (streaming detection; a plain store, since the count only has to change
+// and a locked increment would cost an empty poll its speed), takes in the
+// RoCE responses that arrived, and retries what waited on a receive. False
+// when the CQ is empty, known without the lock.
+bool cq_poll_begin(xsrc_cq *cq)
 {
 	cq->polls.store(cq->polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+	xsrc_context *ctx = to_xsrc_ctx(cq->vcq.cq.context);
+	xsrc_wire_poll(ctx);
+	xsrc_requester_recheck_all(ctx);
+	return !cq_looks_empty(cq);
+}
+
+// The end of a locked poll: the producers learn how far it got, the next
+// poll where to look.
+void cq_poll_end(xsrc_cq *cq)
+{
+	cq->consumer.publish();
+	cq_update_peek(cq);
 }
 
 // Tells producers that this provider places payloads from the ring's big
@@ -170,15 +187,11 @@ int cq_start_poll(ibv_cq_ex *ibcq, ibv_poll_cq_attr *attr)
 			    attr->comp_mask);
 		return EINVAL;
 	}
-	cq_count_poll(cq);
-	xsrc_wire_poll(to_xsrc_ctx(cq->vcq.cq.context));
-	xsrc_requester_recheck_all(to_xsrc_ctx(cq->vcq.cq.context));
-	if (cq_looks_empty(cq))
+	if (!cq_poll_begin(cq))
 		return ENOENT;
 	cq->poll_lock.lock();
 	if (!cq_pop_one(cq, cq->polled)) {
-		cq->consumer.publish();
-		cq_update_peek(cq);
+		cq_poll_end(cq);
 		cq->poll_lock.unlock();
 		return ENOENT;
 	}
@@ -202,8 +215,7 @@ int cq_next_poll(ibv_cq_ex *ibcq)
 void cq_end_poll(ibv_cq_ex *ibcq)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	cq->consumer.publish();
-	cq_update_peek(cq);
+	cq_poll_end(cq);
 	cq->poll_lock.unlock();
 }
 
@@ -421,17 +433,13 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	cq_count_poll(cq);
-	xsrc_wire_poll(to_xsrc_ctx(ibcq->context));
-	xsrc_requester_recheck_all(to_xsrc_ctx(ibcq->context));
-	if (cq_looks_empty(cq))
+	if (!cq_poll_begin(cq))
 		return 0;
 	std::lock_guard guard(cq->poll_lock);
 	int n = 0;
 	while (n < num_entries && cq_pop_one(cq, wc[n]))
 		++n;
-	cq->consumer.publish();
-	cq_update_peek(cq);
+	cq_poll_end(cq);
 	return n;
 }
 
