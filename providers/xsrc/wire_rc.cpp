@@ -195,12 +195,6 @@ void set_mtu(xsrc_wire_qp &wq, uint32_t mtu)
 	wq.cwnd = wq.window;
 }
 
-// A go-back: the link lost something.
-void shrink_window(xsrc_wire_qp &wq)
-{
-	wq.cwnd = std::max(wq.cwnd / 2, kMinWindow);
-}
-
 // When the QP's timers are next due: the RNR wait, else the sooner of the
 // ACK timeout and the stall; 0: none.
 uint64_t next_due(const xsrc_wire_qp &wq)
@@ -550,6 +544,14 @@ void rewind(xsrc_wire_qp &wq)
 	wq.send_index = 0;
 }
 
+// A go-back because the link lost something (a sequence NAK, the ACK
+// timeout, a stall): the window halves, and sending starts over from una.
+void go_back(xsrc_wire_qp &wq)
+{
+	wq.cwnd = std::max(wq.cwnd / 2, kMinWindow);
+	rewind(wq);
+}
+
 // The oldest message leaves the ring.
 void pop_msg(xsrc_context *ctx, xsrc_wire_qp &wq)
 {
@@ -692,8 +694,7 @@ void on_response(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, const w::Bth 
 			if (wq.nak_retry || !spend_retry(ctx, qp, wq))
 				return;
 			wq.nak_retry = true;
-			shrink_window(wq);
-			rewind(wq);
+			go_back(wq);
 			arm_stall(qp, wq, now);
 			if (wq.stall_ns)
 				ctx->wire_engine->poke(wq.stall_ns);
@@ -830,8 +831,7 @@ uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now
 				arm_stall(qp, wq, now, true);
 			} else {
 				++wq.stalls;
-				shrink_window(wq);
-				rewind(wq);
+				go_back(wq);
 				pump(qp, wq, now);
 				arm_stall(qp, wq, now);
 			}
@@ -841,8 +841,7 @@ uint64_t on_timer(xsrc_context *ctx, xsrc_qp *qp, xsrc_wire_qp &wq, uint64_t now
 	if (!spend_retry(ctx, qp, wq))
 		return 0;
 	wq.nak_retry = false;  // a NAK for this try goes back again
-	shrink_window(wq);
-	rewind(wq);
+	go_back(wq);
 	wq.deadline_ns = 0;
 	pump(qp, wq, now);
 	return next_due(wq);
