@@ -23,6 +23,12 @@
 #                    rc_wire_verbs-style PROGRAM: its server on host 1, its
 #                    client on host 2; output in $dir/server and
 #                    $dir/client, exit statuses in src and rc
+#   pair_passed      after verbs_pair: shows both outputs; the test fails
+#                    unless both sides exited 0
+#   need_nft         the test fails at once without nftables' nft
+#   nft_drops NS TABLE [N]
+#                    packets the N-th (1st) counted drop rule of chain
+#                    netdev TABLE out in namespace NS dropped
 #   finish NAME      stops everything, checks nothing is left, exits
 # shellcheck shell=bash
 
@@ -63,6 +69,19 @@ verbs_pair() {
   timeout "$secs" "$hosts" run 2 "$prog" client 10.77.0.1 "$port" "$gid" ${mode:+"$mode"} >"$dir/client" 2>&1
   rc=$?
   wait "$server"; src=$?; server=
+}
+
+pair_passed() {
+  echo "== client"; cat "$dir/client"
+  echo "== server"; cat "$dir/server"
+  [ "$rc" -eq 0 ] || bad "client exit $rc"
+  [ "$src" -eq 0 ] || bad "server exit $src"
+}
+
+need_nft() { command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }; }
+
+nft_drops() {
+  ip netns exec "$1" nft list chain netdev "$2" out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p' | sed -n "${3:-1}p"
 }
 
 segmentation() {

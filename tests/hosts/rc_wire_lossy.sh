@@ -98,7 +98,7 @@ dropped() {
   if [ "$emulator" = netem ]; then
     tc -n "$ns" -s qdisc show dev "$dev" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1
   else
-    ip netns exec "$ns" nft list chain netdev lossy out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p'
+    nft_drops "$ns" lossy
   fi
 }
 segmentation 2 off

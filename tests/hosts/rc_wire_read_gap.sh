@@ -16,7 +16,7 @@ export XSRC_HOSTS_PREFIX=xsrcrg
 . "$(dirname "$0")/lib.sh"
 
 hosts_up
-command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }
+need_nft
 ns=$XSRC_HOSTS_PREFIX-1
 # The BTH's opcode is the first byte after the UDP header (bit 64 of @th).
 # numgen counts the MIDDLE datagrams host 1 sends; four of them, apart so
@@ -32,11 +32,8 @@ table netdev readgap {
 }
 NFT
 verbs_pair 200 "$verbs" 1 readgap
-echo "== client"; cat "$dir/client"
-echo "== server"; cat "$dir/server"
-[ $rc -eq 0 ] || bad "client exit $rc"
-[ $src -eq 0 ] || bad "server exit $src"
-dropped=$(ip netns exec "$ns" nft list chain netdev readgap out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p')
+pair_passed
+dropped=$(nft_drops "$ns" readgap)
 echo "host 1 dropped $dropped datagrams of READ responses"
 [ "${dropped:-0}" -ge 3 ] || bad "the link dropped ${dropped:-0} READ responses, not the 3 or 4 planned"
 "$hosts" run 2 "$XSRC" status

@@ -20,7 +20,7 @@ export XSRC_HOSTS_PREFIX=xsrctl
 . "$(dirname "$0")/lib.sh"
 
 hosts_up
-command -v nft >/dev/null || { echo "FAIL: no nft"; exit 1; }
+need_nft
 # Host 2's veth cuts its GSO datagrams into packets first, so the hook sees
 # each packet, and the bridge's port to host 1 drops only what is asked.
 segmentation 2 off
@@ -48,14 +48,10 @@ table netdev naks {
 }
 NFT
 verbs_pair 200 "$verbs" 1 tailloss
-echo "== client"; cat "$dir/client"
-echo "== server"; cat "$dir/server"
-[ $rc -eq 0 ] || bad "client exit $rc"
-[ $src -eq 0 ] || bad "server exit $src"
-drops() { ip netns exec "$1" nft list chain netdev "$2" out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p' | sed -n "$3p"; }
-lasts=$(drops "$ns" tailloss 1)
-middles=$(drops "$ns" tailloss 2)
-naks=$(drops "$ns1" naks 1)
+pair_passed
+lasts=$(nft_drops "$ns" tailloss 1)
+middles=$(nft_drops "$ns" tailloss 2)
+naks=$(nft_drops "$ns1" naks)
 echo "the links dropped $lasts RDMA WRITE LAST packets, $middles MIDDLE and $naks sequence NAK"
 [ "${lasts:-0}" -eq 3 ] || bad "the link dropped ${lasts:-0} LAST packets, not the 3 planned"
 [ "${middles:-0}" -eq 1 ] || bad "the link dropped ${middles:-0} MIDDLE packets, not the 1 planned"
