@@ -178,7 +178,7 @@ Daemon::~Daemon()
 	remove_all_devices();
 }
 
-void Daemon::start_wire_receiver(const std::string &name, int ifindex)
+void Daemon::start_wire_receiver(const std::string &name, int ifindex, int priority)
 {
 	int err = 0;
 	// The daemon's lock is taken at the batch's first packet and held to its
@@ -226,7 +226,8 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex)
 			auto lock = this->lock();
 			Device *dev = find_device_locked(name);
 			return dev ? wire_acks_due(*dev) : 0;
-		});
+		},
+		priority);
 	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
 	// works on this host alone; `xsrc status` says so.
 	std::lock_guard guard(wire_mu_);
@@ -314,8 +315,9 @@ int Daemon::add_device(const std::string &name, const std::string &netdev_name, 
 	}
 	int ifindex = dev->netdev.ifindex;
 	devices_.emplace(name, std::move(dev));
+	int priority = wire_priority_;
 	lock.unlock();
-	start_wire_receiver(name, ifindex);
+	start_wire_receiver(name, ifindex, priority);
 	return 0;
 }
 
@@ -323,6 +325,12 @@ void Daemon::set_ack_delay(uint64_t ns)
 {
 	auto lock = this->lock();
 	ack_delay_ns_ = ns;
+}
+
+void Daemon::set_wire_priority(int priority)
+{
+	auto lock = this->lock();
+	wire_priority_ = priority;
 }
 
 int Daemon::set_abi_revision(uint32_t revision)
@@ -415,7 +423,7 @@ std::string Daemon::status()
 			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
 			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load()
 			    << " wire_gso=" << c.gso.load() << " wire_acks_left=" << dev->acks_left
-			    << " wire_acks_late=" << dev->acks_late;
+			    << " wire_acks_late=" << dev->acks_late << " wire_priority=" << it->second->priority();
 		} else {
 			out << " wire=off";
 		}

@@ -40,6 +40,10 @@ public:
 	int set_abi_revision(uint32_t revision);
 	// How long an ACK may wait on its owner's board (devices made later).
 	void set_ack_delay(uint64_t ns);
+	// The SCHED_FIFO priority of the wire receivers started from now on
+	// (xsrcd --wire-priority; 0: the normal policy).
+	void set_wire_priority(int priority);
+	static constexpr int kDefaultWirePriority = 1;
 	std::string status();
 	void on_netdev_change(int ifindex);
 
@@ -102,7 +106,7 @@ private:
 	void detach_device_locked(Device &dev);
 	// RoCE v2 from the device's netdev (wire_receiver.h): started with the
 	// device, stopped after it is gone (outside mu_: its thread takes mu_).
-	void start_wire_receiver(const std::string &name, int ifindex);
+	void start_wire_receiver(const std::string &name, int ifindex, int priority);
 	void stop_wire_receiver(const std::string &name);
 
 	std::mutex mu_;
@@ -115,6 +119,7 @@ private:
 	uint64_t next_context_id_ = 1;
 	uint32_t abi_revision_ = XSRC_DRIVER_ABI_REVISION;
 	uint64_t ack_delay_ns_ = Device::kDefaultAckDelayNs;
+	int wire_priority_ = kDefaultWirePriority;
 	unique_fd owner_watch_;  // epoll over the owners' pidfds
 	std::function<void(const std::string &)> device_removed_;
 	GsiHook gsi_hook_;

@@ -3,6 +3,7 @@
 // publishes the sysfs view libibverbs discovers devices through.
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -40,7 +41,7 @@ void request_exit()
 [[noreturn]] void usage(int status)
 {
 	fprintf(status ? stderr : stdout,
-		"usage: xsrcd [--rundir DIR] [--abi N] [--ack-delay-us N] [--debug]\n"
+		"usage: xsrcd [--rundir DIR] [--abi N] [--ack-delay-us N] [--wire-priority N] [--debug]\n"
 		"The xsrc device daemon; normally started by 'xsrc up'.\n"
 		"  --abi N       serve driver ABI revision N (1..%d, default %d) to\n"
 		"                test providers against an older daemon\n"
@@ -48,36 +49,52 @@ void request_exit()
 		"                wait for the QP's owner to send it in front of its\n"
 		"                next request (default %d; 0: at once); also\n"
 		"                XSRC_ACK_DELAY_US in the environment\n"
+		"  --wire-priority N  the SCHED_FIFO priority (1..99) of the thread\n"
+		"                that takes RoCE v2 off the netdev, as a NIC's\n"
+		"                interrupt goes before processes (default %d; 0: the\n"
+		"                normal policy); also XSRC_WIRE_PRIORITY\n"
 		"  -v, --debug   log every refused command (its name, the errno and\n"
 		"                the check that refused it) to stderr, which is\n"
 		"                xsrcd.log in the run directory under 'xsrc up';\n"
 		"                XSRC_DEBUG=1 in the environment does the same\n",
 		XSRC_DRIVER_ABI_REVISION, XSRC_DRIVER_ABI_REVISION,
-		static_cast<int>(xsrc::Device::kDefaultAckDelayNs / 1000));
+		static_cast<int>(xsrc::Device::kDefaultAckDelayNs / 1000), xsrc::Daemon::kDefaultWirePriority);
 	exit(status);
+}
+
+// A decimal number up to `max` (digits only), else false.
+bool parse_number(const char *text, unsigned long max, unsigned long &n)
+{
+	char *end = nullptr;
+	errno = 0;
+	n = strtoul(text, &end, 10);
+	return !errno && *text && !*end && isdigit(static_cast<unsigned char>(text[0])) && n <= max;
 }
 
 // --abi N: a revision this daemon can serve, else 0.
 uint32_t parse_abi_revision(const std::string &text)
 {
-	char *end = nullptr;
-	errno = 0;
-	unsigned long n = strtoul(text.c_str(), &end, 10);
-	if (errno || text.empty() || *end || !isdigit(static_cast<unsigned char>(text[0])) || n < 1 ||
-	    n > XSRC_DRIVER_ABI_REVISION)
-		return 0;
-	return static_cast<uint32_t>(n);
+	unsigned long n;
+	return parse_number(text.c_str(), XSRC_DRIVER_ABI_REVISION, n) ? static_cast<uint32_t>(n) : 0;
 }
 
 // --ack-delay-us N: microseconds, at most a second; false if not a number.
 bool parse_ack_delay(const char *text, uint64_t &ns)
 {
-	char *end = nullptr;
-	errno = 0;
-	unsigned long n = strtoul(text, &end, 10);
-	if (errno || !*text || *end || !isdigit(static_cast<unsigned char>(text[0])) || n > 1'000'000)
+	unsigned long n;
+	if (!parse_number(text, 1'000'000, n))
 		return false;
 	ns = uint64_t(n) * 1000;
+	return true;
+}
+
+// --wire-priority N: 0 (the normal policy) or a SCHED_FIFO priority; false if not one.
+bool parse_wire_priority(const char *text, int &priority)
+{
+	unsigned long n;
+	if (!parse_number(text, static_cast<unsigned long>(sched_get_priority_max(SCHED_FIFO)), n))
+		return false;
+	priority = static_cast<int>(n);
 	return true;
 }
 
@@ -111,6 +128,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "xsrcd: XSRC_ACK_DELAY_US=%s: not a number of microseconds up to 1000000\n", env);
 		return 2;
 	}
+	int wire_priority = xsrc::Daemon::kDefaultWirePriority;
+	if (const char *env = getenv("XSRC_WIRE_PRIORITY"); env && !parse_wire_priority(env, wire_priority)) {
+		fprintf(stderr, "xsrcd: XSRC_WIRE_PRIORITY=%s: not 0 or a SCHED_FIFO priority up to %d\n", env,
+			sched_get_priority_max(SCHED_FIFO));
+		return 2;
+	}
 	bool debug = xsrc::debug_requested_by_environment();
 	for (int i = 1; i < argc; ++i) {
 		std::string arg = argv[i];
@@ -127,6 +150,12 @@ int main(int argc, char **argv)
 			if (!parse_ack_delay(argv[++i], ack_delay_ns)) {
 				fprintf(stderr, "xsrcd: --ack-delay-us %s: not a number of microseconds up to 1000000\n",
 					argv[i]);
+				return 2;
+			}
+		} else if (arg == "--wire-priority" && i + 1 < argc) {
+			if (!parse_wire_priority(argv[++i], wire_priority)) {
+				fprintf(stderr, "xsrcd: --wire-priority %s: not 0 or a SCHED_FIFO priority up to %d\n",
+					argv[i], sched_get_priority_max(SCHED_FIFO));
 				return 2;
 			}
 		} else if (arg == "--debug" || arg == "-v") {
@@ -174,6 +203,7 @@ int main(int argc, char **argv)
 		xsrc::Daemon daemon(sysfs_root, fuse_root);
 		daemon.set_abi_revision(abi_revision);  // validated above
 		daemon.set_ack_delay(ack_delay_ns);
+		daemon.set_wire_priority(wire_priority);
 		xsrc::CmService cm(daemon);
 		daemon.set_device_removed_hook([&cm](const std::string &name) { cm.device_removed(name); });
 		daemon.set_gsi_hook([&cm](int ifindex, std::span<const uint8_t> packet) { cm.wire_receive(ifindex, packet); });

@@ -9,6 +9,8 @@
 #include <linux/if_packet.h>
 #include <linux/udp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 
 #include "common/clock.h"
 #include "common/fd.h"
+#include "log.h"
 #include "wire/headers.h"
 
 namespace xsrc {
@@ -182,7 +185,7 @@ struct WireReceiver::Impl {
 };
 
 std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end,
-						   Timer timer)
+						   Timer timer, int priority)
 {
 	std::unique_ptr<WireReceiver> r(new WireReceiver);
 	r->deliver_ = std::move(deliver);
@@ -276,6 +279,7 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				due = self->timer_();
 		}
 	});
+	r->take_priority(priority);
 	return r;
 }
 
@@ -288,6 +292,25 @@ WireReceiver::~WireReceiver()
 		}
 		impl_->thread.join();
 	}
+}
+
+// A packet that wakes this thread is the next step of some QP's message, as
+// a NIC's interrupt is: under the normal policy the kernel may leave the
+// woken thread waiting behind a process that busy-polls its CQ until that
+// one's slice ends. Across the harness (ib_send_lat 8 B, alternating, 8
+// runs each) the 99th percentile one-way latency was 415-530 us without
+// it, 50-54 us with it; the typical one did not change.
+void WireReceiver::take_priority(int priority)
+{
+	if (priority <= 0)
+		return;
+	sched_param param{};
+	param.sched_priority = priority;
+	if (int e = pthread_setschedparam(impl_->thread.native_handle(), SCHED_FIFO, &param)) {
+		debug_log("wire receiver: SCHED_FIFO %d refused (%s); normal policy\n", priority, strerror(e));
+		return;
+	}
+	priority_.store(priority, std::memory_order_relaxed);
 }
 
 void WireReceiver::take(std::span<const uint8_t> frame, uint8_t *split)

@@ -35,18 +35,24 @@ public:
 	// Called after each batch and when the time it last returned came (a
 	// CLOCK_MONOTONIC time in ns; 0: none): runs what is due by then.
 	using Timer = std::function<uint64_t()>;
-	// Opens the sockets on netdev `ifindex` and starts the thread. Returns
-	// null with `err` set when a socket cannot be made (no CAP_NET_RAW).
+	// Opens the sockets on netdev `ifindex` and starts the thread, under
+	// SCHED_FIFO at `priority` (1..99; 0: the normal policy). Returns null
+	// with `err` set when a socket cannot be made (no CAP_NET_RAW).
 	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end = {},
-						   Timer timer = {});
+						   Timer timer = {}, int priority = 0);
 	~WireReceiver();  // stops and joins the thread
 	WireReceiver(const WireReceiver &) = delete;
 	WireReceiver &operator=(const WireReceiver &) = delete;
 
 	const WireCounters &counters() const { return counters_; }
+	// The SCHED_FIFO priority the thread got: 0 when it asked for none or
+	// was refused one (no CAP_SYS_NICE, no real-time budget in its cgroup).
+	int priority() const { return priority_.load(std::memory_order_relaxed); }
 
 private:
 	WireReceiver() = default;
+	// Puts the thread under SCHED_FIFO at `priority` if it may.
+	void take_priority(int priority);
 	// One frame off the packet socket (virtio-net header, IP packet): a
 	// packet to handle(), or a GSO datagram to split_gso().
 	void take(std::span<const uint8_t> frame, uint8_t *split);
@@ -63,6 +69,7 @@ private:
 	bool vnet_ = false;  // frames start with a virtio-net header
 	uint32_t link_ = 0;  // then this many bytes of link-layer header
 	WireCounters counters_;
+	std::atomic<int> priority_{0};
 };
 
 }  // namespace xsrc
