@@ -58,6 +58,38 @@ constexpr size_t kMaxSplit = kMaxFrame + kMaxSegments * (w::kIpv6Bytes + w::kUdp
 // The packet socket's receive buffer.
 constexpr int kReceiveBufferBytes = 16 << 20;
 
+// How much of a CPU the thread takes under SCHED_FIFO: the wake-ups of
+// latency-bound traffic fit in it; bulk traffic outruns it and is taken
+// under the normal policy until the budget has half refilled (as the kernel
+// leaves softirq work to ksoftirqd under load), so that the thread never
+// keeps a CPU from everyone else: other contexts' commands, the processes
+// that send (isolation_copy_stall: ibv_create_qp waited up to 34 ms behind
+// a receiver that stayed SCHED_FIFO through 256 MiB of WRITEs).
+class FifoBudget {
+public:
+	// Adds what the time since the last refill earns.
+	void refill(uint64_t now)
+	{
+		tokens_ = std::min(kCapNs, tokens_ + (now - at_) / kShare);
+		at_ = now;
+	}
+	bool refilled() const { return tokens_ >= kCapNs / 2; }
+	// Whether `busy` ns of work since the wake-up used the budget up.
+	bool spent(uint64_t busy) const { return busy >= tokens_; }
+	// Takes `busy` off the budget: true when it is used up.
+	bool spend(uint64_t busy)
+	{
+		tokens_ = busy >= tokens_ ? 0 : tokens_ - busy;
+		return tokens_ == 0;
+	}
+
+private:
+	static constexpr uint64_t kCapNs = 2'000'000;  // 2 ms of work in a row at most
+	static constexpr uint64_t kShare = 5;          // earned at 1/5 of real time: 20 % of a CPU
+	uint64_t tokens_ = kCapNs;
+	uint64_t at_ = 0;
+};
+
 // A classic BPF program for a packet socket whose frames hold `link` bytes
 // of link-layer header before the IP header (an Ethernet header: 14, its
 // EtherType IPv4 or IPv6; none: 0): accept IPv4 UDP to 4791 (not a
@@ -228,6 +260,8 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 		std::array<mmsghdr, kBatch> msgs;
 		pollfd fds[2] = {{i.packets.get(), POLLIN, 0}, {i.stop.get(), POLLIN, 0}};
 		uint64_t due = 0;  // the timer's next time (0: none)
+		FifoBudget budget;
+		bool demoted = false;  // under the normal policy until the budget refills
 		for (;;) {
 			timespec left{}, *timeout = nullptr;
 			if (due) {
@@ -246,6 +280,11 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 				return;
 			if (!(fds[0].revents & POLLIN))
 				continue;
+			uint64_t woke = monotonic_ns();
+			bool fifo = self->priority() && !demoted;
+			budget.refill(woke);
+			if (self->priority() && demoted && budget.refilled())
+				demoted = !self->set_policy(true);
 			for (;;) {
 				for (size_t k = 0; k < kBatch; ++k) {
 					iov[k] = {bufs.data() + k * kMaxFrame, kMaxFrame};
@@ -274,7 +313,11 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 					self->batch_end_();
 				if (n < static_cast<int>(kBatch))
 					break;
+				if (fifo && !demoted && budget.spent(monotonic_ns() - woke))
+					demoted = self->set_policy(false);
 			}
+			if (fifo && !demoted && budget.spend(monotonic_ns() - woke))
+				demoted = self->set_policy(false);
 			if (self->timer_)
 				due = self->timer_();
 		}
@@ -299,7 +342,8 @@ WireReceiver::~WireReceiver()
 // woken thread waiting behind a process that busy-polls its CQ until that
 // one's slice ends. Across the harness (ib_send_lat 8 B, alternating, 8
 // runs each) the 99th percentile one-way latency was 415-530 us without
-// it, 50-54 us with it; the typical one did not change.
+// it, 50-54 us with it; the typical one did not change. Bulk traffic is
+// taken under the normal policy (FifoBudget).
 void WireReceiver::take_priority(int priority)
 {
 	if (priority <= 0)
@@ -311,6 +355,13 @@ void WireReceiver::take_priority(int priority)
 		return;
 	}
 	priority_.store(priority, std::memory_order_relaxed);
+}
+
+bool WireReceiver::set_policy(bool fifo)
+{
+	sched_param param{};
+	param.sched_priority = fifo ? priority() : 0;
+	return pthread_setschedparam(pthread_self(), fifo ? SCHED_FIFO : SCHED_OTHER, &param) == 0;
 }
 
 void WireReceiver::take(std::span<const uint8_t> frame, uint8_t *split)

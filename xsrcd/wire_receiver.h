@@ -53,6 +53,9 @@ private:
 	WireReceiver() = default;
 	// Puts the thread under SCHED_FIFO at `priority` if it may.
 	void take_priority(int priority);
+	// From the thread: SCHED_FIFO at priority() again, or the normal
+	// policy for a while. False if the kernel refused.
+	bool set_policy(bool fifo);
 	// One frame off the packet socket (virtio-net header, IP packet): a
 	// packet to handle(), or a GSO datagram to split_gso().
 	void take(std::span<const uint8_t> frame, uint8_t *split);
