@@ -105,6 +105,8 @@ public:
 
 	// Live ids, multicast joins and channels, for tests and `xsrc status`.
 	size_t object_count();
+	// Ids that listen (rdma_listen done), for tests and `xsrc status`.
+	size_t listener_count();
 	// The CM MADs counted between hosts, as " name=value" pairs for `xsrc status`.
 	std::string wire_status();
 

@@ -1114,6 +1114,15 @@ size_t CmService::object_count()
 	return s.channels.size() + s.ids.size() + s.mcs.size();
 }
 
+size_t CmService::listener_count()
+{
+	cm::State &s = impl_->state;
+	std::lock_guard lock(s.mu);
+	return static_cast<size_t>(std::count_if(s.ids.begin(), s.ids.end(), [](const auto &entry) {
+		return entry.second.state == cm::IdState::Listen;
+	}));
+}
+
 int CmService::execute(uint64_t channel, Caller &caller, std::unique_ptr<Caller> held_caller,
 		       std::span<const std::byte> command, bool nonblock, uint64_t token)
 {

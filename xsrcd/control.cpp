@@ -132,7 +132,8 @@ std::string ControlServer::handle(const std::string &request, bool &shutdown)
 		std::string devices = daemon_.status();
 		// rdma_cm is one device for all, listed while any device is up.
 		if (cm_ && !devices.empty())
-			devices += "rdma_cm objects=" + std::to_string(cm_->object_count()) + cm_->wire_status() + "\n";
+			devices += "rdma_cm objects=" + std::to_string(cm_->object_count()) +
+				   " cm_listeners=" + std::to_string(cm_->listener_count()) + cm_->wire_status() + "\n";
 		return "ok\n" + devices;
 	}
 	if (verb == "shutdown" && name.empty()) {
