@@ -7,11 +7,6 @@
 // the wire cannot carry is unrouted: reliable QPs retry, then complete with
 // IBV_WC_RETRY_EXC_ERR, unreliable ones lose the message, as on a wire with
 // nobody at the other end.
-// A QP of this device that another user owns is reached by the wire engine
-// too (xsrc_peer_is_foreign): RC and UC decide at RTR, UD per datagram
-// (shm_responder.cpp). The packets go to this device's own address, over
-// the loopback netdev, and xsrcd delivers them: no user's traffic goes
-// through another user's rings.
 // A multicast GID is a group with members on this device and beyond it:
 // the shared-memory engine delivers to this device's members and puts one
 // datagram on the wire for the other hosts' (xsrc_wire_send_multicast).
