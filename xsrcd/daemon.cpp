@@ -189,9 +189,9 @@ Daemon::~Daemon()
 	remove_all_devices();
 }
 
-void Daemon::start_wire_receiver(const std::string &name, int ifindex, int priority)
+std::unique_ptr<WireReceiver> Daemon::make_wire_receiver(const std::string &name, int ifindex, int priority,
+							 bool loopback, int &err)
 {
-	int err = 0;
 	// The daemon's lock is taken at the batch's first packet and held to its
 	// end, so that payloads may wait for one another (WirePending) with no
 	// command in between; it is let go, what waits landed, at the end and
@@ -213,26 +213,22 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex, int prior
 		batch->dev = nullptr;
 		batch->lock = {};
 		// Commands waiting for the lock go before the next batch: a bulk
-		// transfer must not stall other contexts' commands (issue 16). The
-		// wire receivers do not count as waiters: one would wait for the
-		// other's timer at every batch.
+		// transfer must not stall other contexts' commands (issue 16).
 		let_waiters_in(waiting_);
 	};
-	// Packets from this host's own processes to the device's addresses (a
-	// peer of another user, which the arena must not reach) come through
-	// the loopback netdev; wire_deliver takes only those to a GID of the
-	// device, and the CM talks to this host's own ids without MADs.
-	int lo = static_cast<int>(if_nametoindex("lo"));
-	auto receiver = WireReceiver::start(
-		ifindex, lo != ifindex ? lo : 0,
-		[this, name, ifindex, batch, finish](std::span<const uint8_t> packet) {
+	return WireReceiver::start(
+		ifindex,
+		[this, name, ifindex, loopback, batch, finish](std::span<const uint8_t> packet) {
 			if (gsi_hook_ && is_gsi_packet(packet)) {
+				// The CM talks to this host's own ids without MADs.
+				if (loopback)
+					return WireOutcome::dropped;
 				finish();
 				gsi_hook_(ifindex, packet);
 				return WireOutcome::delivered;
 			}
 			if (!batch->lock) {
-				batch->lock = std::unique_lock(mu_);  // not counted: commands are
+				batch->lock = this->lock();
 				batch->dev = find_device_locked(name);
 			}
 			Device *dev = batch->dev;
@@ -244,26 +240,40 @@ void Daemon::start_wire_receiver(const std::string &name, int ifindex, int prior
 		err, finish,
 		[this, name]() -> uint64_t {
 			// ACKs left on boards: forgotten once taken, sent once late.
-			std::unique_lock lock(mu_);
+			auto lock = this->lock();
 			Device *dev = find_device_locked(name);
 			return dev ? wire_acks_due(*dev) : 0;
 		},
 		priority);
+}
+
+void Daemon::start_wire_receiver(const std::string &name, int ifindex, int priority)
+{
+	int err = 0;
+	WireReceivers r;
+	r.netdev = make_wire_receiver(name, ifindex, priority, false, err);
+	// Packets from this host's own processes to the device's addresses
+	// (a peer of another user, which the arena must not reach) come
+	// through the loopback netdev; wire_deliver takes only those to a GID
+	// of the device.
+	int lo = static_cast<int>(if_nametoindex("lo"));
+	if (r.netdev && lo > 0 && lo != ifindex)
+		r.loopback = make_wire_receiver(name, lo, priority, true, err);
 	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
 	// works on this host alone; `xsrc status` says so.
 	std::lock_guard guard(wire_mu_);
-	wire_receivers_[name] = std::move(receiver);
+	wire_receivers_[name] = std::move(r);
 }
 
 void Daemon::stop_wire_receiver(const std::string &name)
 {
-	std::unique_ptr<WireReceiver> receiver;
+	WireReceivers receivers;
 	{
 		std::lock_guard guard(wire_mu_);
 		auto it = wire_receivers_.find(name);
 		if (it == wire_receivers_.end())
 			return;
-		receiver = std::move(it->second);
+		receivers = std::move(it->second);
 		wire_receivers_.erase(it);
 	}
 	// Joined here: its thread may be waiting for mu_, which we do not hold.
@@ -439,14 +449,15 @@ std::string Daemon::status()
 		    << " contexts=" << dev->contexts.size() << " objects=" << objects;
 		std::lock_guard guard(wire_mu_);
 		auto it = wire_receivers_.find(name);
-		if (it != wire_receivers_.end() && it->second) {
-			const WireCounters &c = it->second->counters();
+		if (it != wire_receivers_.end() && it->second.netdev) {
+			const WireCounters &c = it->second.netdev->counters();
 			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
 			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load()
 			    << " wire_gso=" << c.gso.load() << " wire_acks_left=" << dev->acks_left
-			    << " wire_acks_late=" << dev->acks_late << " wire_priority=" << it->second->priority();
-			if (const WireCounters *lo = it->second->loopback_counters())
-				out << " wire_lo_rx=" << lo->received.load() << " wire_lo_delivered=" << lo->delivered.load();
+			    << " wire_acks_late=" << dev->acks_late << " wire_priority=" << it->second.netdev->priority();
+			if (const WireReceiver *lo = it->second.loopback.get())
+				out << " wire_lo_rx=" << lo->counters().received.load()
+				    << " wire_lo_delivered=" << lo->counters().delivered.load();
 		} else {
 			out << " wire=off";
 		}

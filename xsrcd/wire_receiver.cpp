@@ -209,22 +209,15 @@ unique_fd port_holder(int family)
 
 }  // namespace
 
-struct WireReceiver::Port {
-	unique_fd packets;
-	bool vnet = false;  // frames start with a virtio-net header
-	uint32_t link = 0;  // then this many bytes of link-layer header
-	WireCounters *counters = nullptr;
-};
-
 struct WireReceiver::Impl {
-	Port ports[2];  // the netdev's; the loopback netdev's (packets empty: none)
+	unique_fd packets;
 	unique_fd stop;
 	unique_fd holder4, holder6;
 	std::thread thread;
 };
 
-std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, int loopback, Deliver deliver, int &err,
-						   BatchEnd batch_end, Timer timer, int priority)
+std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end,
+						   Timer timer, int priority)
 {
 	std::unique_ptr<WireReceiver> r(new WireReceiver);
 	r->deliver_ = std::move(deliver);
@@ -232,33 +225,21 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, int loopback, Del
 	r->timer_ = std::move(timer);
 	r->impl_ = std::make_unique<Impl>();
 	Impl &impl = *r->impl_;
-	for (int k : {0, 1}) {
-		Port &port = impl.ports[k];
-		port.counters = k ? &r->loopback_counters_ : &r->counters_;
-		if (int e = k ? (loopback ? packet_socket(loopback, port.packets, port.vnet, port.link) : 0)
-			      : packet_socket(ifindex, port.packets, port.vnet, port.link)) {
-			if (k)  // the device still works, only not with this host's other users
-				continue;
-			err = e;
-			return nullptr;
-		}
-		if (!port.packets)
-			continue;
-		// Our own sends are none of ours (the loop below would drop them):
-		// the kernel need not clone each one it transmits for us (Linux
-		// 4.20; without it the loop still drops them). On the loopback
-		// netdev, each packet shows once as it leaves and once as it comes
-		// back: this keeps the second.
-		int one = 1;
-		(void)setsockopt(port.packets.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one));
-		// A window of RC packets from each peer arrives at once: room for
-		// them (FORCE: past rmem_max, for a daemon with CAP_NET_ADMIN; else
-		// the plain request, which the kernel caps).
-		int bytes = kReceiveBufferBytes;
-		if (setsockopt(port.packets.get(), SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)))
-			setsockopt(port.packets.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+	if (int e = packet_socket(ifindex, impl.packets, r->vnet_, r->link_)) {
+		err = e;
+		return nullptr;
 	}
-	r->loopback_ = static_cast<bool>(impl.ports[1].packets);
+	// Our own sends are none of ours (the loop below would drop them): the
+	// kernel need not clone each one it transmits for us (Linux 4.20;
+	// without it the loop still drops them).
+	int one = 1;
+	(void)setsockopt(impl.packets.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one));
+	// A window of RC packets from each peer arrives at once: room for them
+	// (FORCE: past rmem_max, for a daemon with CAP_NET_ADMIN; else the
+	// plain request, which the kernel caps).
+	int bytes = kReceiveBufferBytes;
+	if (setsockopt(impl.packets.get(), SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes)))
+		setsockopt(impl.packets.get(), SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 	impl.stop.reset(eventfd(0, EFD_CLOEXEC));
 	if (!impl.stop) {
 		err = errno;
@@ -277,10 +258,7 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, int loopback, Del
 		std::array<iovec, kBatch> iov;
 		std::array<sockaddr_ll, kBatch> from;
 		std::array<mmsghdr, kBatch> msgs;
-		// The ports' sockets (a missing one is -1: never ready), then stop.
-		pollfd fds[3] = {{i.ports[0].packets.get(), POLLIN, 0},
-				 {i.ports[1].packets ? i.ports[1].packets.get() : -1, POLLIN, 0},
-				 {i.stop.get(), POLLIN, 0}};
+		pollfd fds[2] = {{i.packets.get(), POLLIN, 0}, {i.stop.get(), POLLIN, 0}};
 		uint64_t due = 0;  // the timer's next time (0: none)
 		FifoBudget budget;
 		bool demoted = false;  // under the normal policy until the budget refills
@@ -291,57 +269,50 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, int loopback, Del
 				left = timespec_of_ns(due > now ? due - now : 0);
 				timeout = &left;
 			}
-			int ready = ppoll(fds, 3, timeout, nullptr);
+			int ready = ppoll(fds, 2, timeout, nullptr);
 			if (ready < 0 && errno != EINTR)
 				return;
 			if (ready == 0) {
 				due = self->timer_ ? self->timer_() : 0;
 				continue;
 			}
-			if (fds[2].revents)
+			if (fds[1].revents)
 				return;
-			if (!(fds[0].revents & POLLIN) && !(fds[1].revents & POLLIN))
+			if (!(fds[0].revents & POLLIN))
 				continue;
 			uint64_t woke = monotonic_ns();
 			bool fifo = self->priority() && !demoted;
 			budget.refill(woke);
 			if (self->priority() && demoted && budget.refilled())
 				demoted = !self->set_policy(true);
-			// A batch from each port in turn while any has more.
-			bool more[2] = {(fds[0].revents & POLLIN) != 0, (fds[1].revents & POLLIN) != 0};
-			while (more[0] || more[1]) {
-				for (int p : {0, 1}) {
-					if (!more[p])
-						continue;
-					const Port &port = i.ports[p];
-					for (size_t k = 0; k < kBatch; ++k) {
-						iov[k] = {bufs.data() + k * kMaxFrame, kMaxFrame};
-						msgs[k] = {};
-						msgs[k].msg_hdr.msg_iov = &iov[k];
-						msgs[k].msg_hdr.msg_iovlen = 1;
-						msgs[k].msg_hdr.msg_name = &from[k];
-						msgs[k].msg_hdr.msg_namelen = sizeof(from[k]);
-					}
-					int n = recvmmsg(port.packets.get(), msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
-					for (int k = 0; k < n; ++k) {
-						// Only what arrives for this host, to it or to
-						// a multicast group (delivery keeps the groups
-						// it has members in): not our own sends
-						// (OUTGOING) nor their multicast loop-back
-						// (LOOPBACK), not frames for other hosts a
-						// promiscuous link shows us.
-						uint8_t type = from[k].sll_pkttype;
-						if (msgs[k].msg_len <= port.vnet * kVnetBytes + port.link ||
-						    (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) ||
-						    (type != PACKET_HOST && type != PACKET_MULTICAST))
-							continue;
-						self->take(port, {bufs.data() + k * kMaxFrame, msgs[k].msg_len},
-							   split.data() + k * kMaxSplit);
-					}
-					if (self->batch_end_)
-						self->batch_end_();
-					more[p] = n == static_cast<int>(kBatch);
+			for (;;) {
+				for (size_t k = 0; k < kBatch; ++k) {
+					iov[k] = {bufs.data() + k * kMaxFrame, kMaxFrame};
+					msgs[k] = {};
+					msgs[k].msg_hdr.msg_iov = &iov[k];
+					msgs[k].msg_hdr.msg_iovlen = 1;
+					msgs[k].msg_hdr.msg_name = &from[k];
+					msgs[k].msg_hdr.msg_namelen = sizeof(from[k]);
 				}
+				int n = recvmmsg(i.packets.get(), msgs.data(), kBatch, MSG_DONTWAIT, nullptr);
+				for (int k = 0; k < n; ++k) {
+					// Only what arrives for this host, to it or to a
+					// multicast group (delivery keeps the groups it has
+					// members in): not our own sends (OUTGOING) nor their
+					// multicast loop-back (LOOPBACK), not frames for other
+					// hosts a promiscuous link shows us.
+					uint8_t type = from[k].sll_pkttype;
+					if (msgs[k].msg_len <= self->vnet_ * kVnetBytes + self->link_ ||
+					    (msgs[k].msg_hdr.msg_flags & MSG_TRUNC) ||
+					    (type != PACKET_HOST && type != PACKET_MULTICAST))
+						continue;
+					self->take({bufs.data() + k * kMaxFrame, msgs[k].msg_len},
+						   split.data() + k * kMaxSplit);
+				}
+				if (self->batch_end_)
+					self->batch_end_();
+				if (n < static_cast<int>(kBatch))
+					break;
 				if (fifo && !demoted && budget.spent(monotonic_ns() - woke))
 					demoted = self->set_policy(false);
 			}
@@ -393,38 +364,36 @@ bool WireReceiver::set_policy(bool fifo)
 	return pthread_setschedparam(pthread_self(), fifo ? SCHED_FIFO : SCHED_OTHER, &param) == 0;
 }
 
-void WireReceiver::take(const Port &port, std::span<const uint8_t> frame, uint8_t *split)
+void WireReceiver::take(std::span<const uint8_t> frame, uint8_t *split)
 {
 	VnetHeader vnet{};
-	if (port.vnet) {
+	if (vnet_) {
 		std::memcpy(&vnet, frame.data(), kVnetBytes);
 		frame = frame.subspan(kVnetBytes);
 	}
-	std::span<const uint8_t> ip_packet = frame.subspan(port.link);
+	std::span<const uint8_t> ip_packet = frame.subspan(link_);
 	switch (vnet.gso_type & ~kGsoEcn) {
 	case kGsoNone:
-		handle(port, ip_packet);
+		handle(ip_packet);
 		return;
 	case kGsoUdpL4:
-		split_gso(port, ip_packet, le16toh(vnet.gso_size), split);
+		split_gso(ip_packet, le16toh(vnet.gso_size), split);
 		return;
 	default:  // TCP, or UDP fragmentation: not RoCE
 		return;
 	}
 }
 
-void WireReceiver::split_gso(const Port &port, std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split)
+void WireReceiver::split_gso(std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split)
 {
-	size_t n = w::split_gso(ip_packet, segment, kMaxSegments, split, [this, &port](std::span<const uint8_t> packet, bool icrc_ok) {
-		handle(port, packet, icrc_ok);
-	});
+	size_t n = w::split_gso(ip_packet, segment, kMaxSegments, split,
+				[this](std::span<const uint8_t> packet, bool icrc_ok) { handle(packet, icrc_ok); });
 	if (n)
-		port.counters->gso.fetch_add(1, std::memory_order_relaxed);
+		counters_.gso.fetch_add(1, std::memory_order_relaxed);
 }
 
-void WireReceiver::handle(const Port &port, std::span<const uint8_t> ip_packet, bool icrc_checked)
+void WireReceiver::handle(std::span<const uint8_t> ip_packet, bool icrc_checked)
 {
-	WireCounters &counters = *port.counters;
 	// The IP header's own length: a frame may carry Ethernet padding. Only
 	// UDP to 4791 counts (the socket's filter lets nothing else through).
 	size_t len = 0, ip_len = 0;
@@ -439,13 +408,13 @@ void WireReceiver::handle(const Port &port, std::span<const uint8_t> ip_packet, 
 	    w::decode_udp(ip_packet.subspan(ip_len).first<w::kUdpBytes>()).dst_port != w::kRoceV2Port)
 		return;
 	ip_packet = ip_packet.first(len);
-	counters.received.fetch_add(1, std::memory_order_relaxed);
+	counters_.received.fetch_add(1, std::memory_order_relaxed);
 	if (!icrc_checked && !w::icrc_ok(ip_packet)) {
-		counters.bad_icrc.fetch_add(1, std::memory_order_relaxed);
+		counters_.bad_icrc.fetch_add(1, std::memory_order_relaxed);
 		return;
 	}
 	WireOutcome outcome = deliver_ ? deliver_(ip_packet) : WireOutcome::dropped;
-	(outcome == WireOutcome::delivered ? counters.delivered : counters.dropped)
+	(outcome == WireOutcome::delivered ? counters_.delivered : counters_.dropped)
 		.fetch_add(1, std::memory_order_relaxed);
 }
 

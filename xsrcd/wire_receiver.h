@@ -35,20 +35,16 @@ public:
 	// Called after each batch and when the time it last returned came (a
 	// CLOCK_MONOTONIC time in ns; 0: none): runs what is due by then.
 	using Timer = std::function<uint64_t()>;
-	// Opens the sockets on netdev `ifindex` (and, unless 0, on the loopback
-	// netdev `loopback`: packets from this host's own processes) and starts
-	// the thread, under SCHED_FIFO at `priority` (1..99; 0: the normal
-	// policy). Returns null with `err` set when a socket cannot be made on
-	// `ifindex` (no CAP_NET_RAW).
-	static std::unique_ptr<WireReceiver> start(int ifindex, int loopback, Deliver deliver, int &err,
-						   BatchEnd batch_end = {}, Timer timer = {}, int priority = 0);
+	// Opens the sockets on netdev `ifindex` and starts the thread, under
+	// SCHED_FIFO at `priority` (1..99; 0: the normal policy). Returns null
+	// with `err` set when a socket cannot be made (no CAP_NET_RAW).
+	static std::unique_ptr<WireReceiver> start(int ifindex, Deliver deliver, int &err, BatchEnd batch_end = {},
+						   Timer timer = {}, int priority = 0);
 	~WireReceiver();  // stops and joins the thread
 	WireReceiver(const WireReceiver &) = delete;
 	WireReceiver &operator=(const WireReceiver &) = delete;
 
 	const WireCounters &counters() const { return counters_; }
-	// Those of the loopback netdev; null without its socket.
-	const WireCounters *loopback_counters() const { return loopback_ ? &loopback_counters_ : nullptr; }
 	// The SCHED_FIFO priority the thread got: 0 when it asked for none or
 	// was refused one (no CAP_SYS_NICE, no real-time budget in its cgroup).
 	int priority() const { return priority_.load(std::memory_order_relaxed); }
@@ -60,22 +56,22 @@ private:
 	// From the thread: SCHED_FIFO at priority() again, or the normal
 	// policy for a while. False if the kernel refused.
 	bool set_policy(bool fifo);
-	struct Port;  // a packet socket, how its frames start, its counters
-	// One frame off a port's packet socket (virtio-net header, IP packet): a
+	// One frame off the packet socket (virtio-net header, IP packet): a
 	// packet to handle(), or a GSO datagram to split_gso().
-	void take(const Port &port, std::span<const uint8_t> frame, uint8_t *split);
+	void take(std::span<const uint8_t> frame, uint8_t *split);
 	// A GSO datagram: its packets (wire::split_gso, into `split`) handled in order.
-	void split_gso(const Port &port, std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split);
-	// One packet off a socket: counted, its ICRC checked (unless the
+	void split_gso(std::span<const uint8_t> ip_packet, size_t segment, uint8_t *split);
+	// One packet off the socket: counted, its ICRC checked (unless the
 	// caller did), delivered.
-	void handle(const Port &port, std::span<const uint8_t> ip_packet, bool icrc_checked = false);
+	void handle(std::span<const uint8_t> ip_packet, bool icrc_checked = false);
 	struct Impl;
 	std::unique_ptr<Impl> impl_;
 	Deliver deliver_;
 	BatchEnd batch_end_;
 	Timer timer_;
-	bool loopback_ = false;  // a socket on the loopback netdev too
-	WireCounters counters_, loopback_counters_;
+	bool vnet_ = false;  // frames start with a virtio-net header
+	uint32_t link_ = 0;  // then this many bytes of link-layer header
+	WireCounters counters_;
 	std::atomic<int> priority_{0};
 };
 
