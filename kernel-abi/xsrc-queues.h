@@ -116,9 +116,7 @@ struct xsrc_qp_entry {
 	__u32 max_inline_data;
 	__u32 max_rd_atomic;
 	__u32 max_dest_rd_atomic;
-	__u32 owner_user;     /* later in r10 (was reserved, always 0 before): the
-			       * owner's uid in the daemon's user namespace + 1;
-			       * 0: not told (an older daemon) */
+	__u32 reserved;
 	__u8 dgid[16];        /* RC/UC: the peer's GID (from the RTR AH) */
 	__u8 reserved2[48];
 };

@@ -1,6 +1,5 @@
 #include "daemon.h"
 
-#include <net/if.h>
 #include <poll.h>
 #include <sys/epoll.h>
 
@@ -146,27 +145,17 @@ void Daemon::owner_gone(const Context &ctx)
 		departed_[ctx.id] = Departed{std::move(caller), ctx.device->name};
 }
 
-namespace {
-
-// After the daemon's lock was let go: unlocking wakes a waiter, but this
-// thread would win the lock back before it runs. Waits until the waiters
-// took it (and gave it back), kYieldAtMost at most.
-void let_waiters_in(const std::atomic<unsigned> &waiting)
-{
-	auto until = std::chrono::steady_clock::now() + kYieldAtMost;
-	while (waiting.load(std::memory_order_relaxed) != 0 && std::chrono::steady_clock::now() < until)
-		std::this_thread::sleep_for(kYieldPoll);
-}
-
-}  // namespace
-
 void command_yield()
 {
 	YieldableLock *l = t_command_lock;
 	if (!l || l->waiting->load(std::memory_order_relaxed) == 0)
 		return;
 	l->lock->unlock();
-	let_waiters_in(*l->waiting);
+	// Unlocking wakes a waiter, but this thread would win the lock back
+	// before it runs: wait until the waiters took it (and gave it back).
+	auto until = std::chrono::steady_clock::now() + kYieldAtMost;
+	while (l->waiting->load(std::memory_order_relaxed) != 0 && std::chrono::steady_clock::now() < until)
+		std::this_thread::sleep_for(kYieldPoll);
 	l->lock->lock();
 }
 
@@ -189,9 +178,9 @@ Daemon::~Daemon()
 	remove_all_devices();
 }
 
-std::unique_ptr<WireReceiver> Daemon::make_wire_receiver(const std::string &name, int ifindex, int priority,
-							 bool loopback, int &err)
+void Daemon::start_wire_receiver(const std::string &name, int ifindex, int priority)
 {
+	int err = 0;
 	// The daemon's lock is taken at the batch's first packet and held to its
 	// end, so that payloads may wait for one another (WirePending) with no
 	// command in between; it is let go, what waits landed, at the end and
@@ -202,7 +191,7 @@ std::unique_ptr<WireReceiver> Daemon::make_wire_receiver(const std::string &name
 		Device *dev = nullptr;
 	};
 	auto batch = std::make_shared<Batch>();
-	auto finish = [this, batch] {
+	auto finish = [batch] {
 		if (!batch->lock)
 			return;
 		if (Device *dev = batch->dev) {
@@ -212,17 +201,11 @@ std::unique_ptr<WireReceiver> Daemon::make_wire_receiver(const std::string &name
 		}
 		batch->dev = nullptr;
 		batch->lock = {};
-		// Commands waiting for the lock go before the next batch: a bulk
-		// transfer must not stall other contexts' commands (issue 16).
-		let_waiters_in(waiting_);
 	};
-	return WireReceiver::start(
+	auto receiver = WireReceiver::start(
 		ifindex,
-		[this, name, ifindex, loopback, batch, finish](std::span<const uint8_t> packet) {
+		[this, name, ifindex, batch, finish](std::span<const uint8_t> packet) {
 			if (gsi_hook_ && is_gsi_packet(packet)) {
-				// The CM talks to this host's own ids without MADs.
-				if (loopback)
-					return WireOutcome::dropped;
 				finish();
 				gsi_hook_(ifindex, packet);
 				return WireOutcome::delivered;
@@ -245,35 +228,21 @@ std::unique_ptr<WireReceiver> Daemon::make_wire_receiver(const std::string &name
 			return dev ? wire_acks_due(*dev) : 0;
 		},
 		priority);
-}
-
-void Daemon::start_wire_receiver(const std::string &name, int ifindex, int priority)
-{
-	int err = 0;
-	WireReceivers r;
-	r.netdev = make_wire_receiver(name, ifindex, priority, false, err);
-	// Packets from this host's own processes to the device's addresses
-	// (a peer of another user, which the arena must not reach) come
-	// through the loopback netdev; wire_deliver takes only those to a GID
-	// of the device.
-	int lo = static_cast<int>(if_nametoindex("lo"));
-	if (r.netdev && lo > 0 && lo != ifindex)
-		r.loopback = make_wire_receiver(name, lo, priority, true, err);
 	// Without CAP_NET_RAW (an unprivileged daemon, a unit test) the device
 	// works on this host alone; `xsrc status` says so.
 	std::lock_guard guard(wire_mu_);
-	wire_receivers_[name] = std::move(r);
+	wire_receivers_[name] = std::move(receiver);
 }
 
 void Daemon::stop_wire_receiver(const std::string &name)
 {
-	WireReceivers receivers;
+	std::unique_ptr<WireReceiver> receiver;
 	{
 		std::lock_guard guard(wire_mu_);
 		auto it = wire_receivers_.find(name);
 		if (it == wire_receivers_.end())
 			return;
-		receivers = std::move(it->second);
+		receiver = std::move(it->second);
 		wire_receivers_.erase(it);
 	}
 	// Joined here: its thread may be waiting for mu_, which we do not hold.
@@ -449,15 +418,12 @@ std::string Daemon::status()
 		    << " contexts=" << dev->contexts.size() << " objects=" << objects;
 		std::lock_guard guard(wire_mu_);
 		auto it = wire_receivers_.find(name);
-		if (it != wire_receivers_.end() && it->second.netdev) {
-			const WireCounters &c = it->second.netdev->counters();
+		if (it != wire_receivers_.end() && it->second) {
+			const WireCounters &c = it->second->counters();
 			out << " wire_rx=" << c.received.load() << " wire_bad_icrc=" << c.bad_icrc.load()
 			    << " wire_delivered=" << c.delivered.load() << " wire_dropped=" << c.dropped.load()
 			    << " wire_gso=" << c.gso.load() << " wire_acks_left=" << dev->acks_left
-			    << " wire_acks_late=" << dev->acks_late << " wire_priority=" << it->second.netdev->priority();
-			if (const WireReceiver *lo = it->second.loopback.get())
-				out << " wire_lo_rx=" << lo->counters().received.load()
-				    << " wire_lo_delivered=" << lo->counters().delivered.load();
+			    << " wire_acks_late=" << dev->acks_late << " wire_priority=" << it->second->priority();
 		} else {
 			out << " wire=off";
 		}

@@ -107,8 +107,6 @@ private:
 	// RoCE v2 from the device's netdev (wire_receiver.h): started with the
 	// device, stopped after it is gone (outside mu_: its thread takes mu_).
 	void start_wire_receiver(const std::string &name, int ifindex, int priority);
-	std::unique_ptr<WireReceiver> make_wire_receiver(const std::string &name, int ifindex, int priority,
-							 bool loopback, int &err);
 	void stop_wire_receiver(const std::string &name);
 
 	std::mutex mu_;
@@ -126,12 +124,7 @@ private:
 	std::function<void(const std::string &)> device_removed_;
 	GsiHook gsi_hook_;
 	std::mutex wire_mu_;  // taken after mu_, never before it
-	// A device's receivers: its netdev's, and the loopback netdev's for
-	// packets from this host's own processes (none without the first).
-	struct WireReceivers {
-		std::unique_ptr<WireReceiver> netdev, loopback;
-	};
-	std::map<std::string, WireReceivers> wire_receivers_;  // by device name
+	std::map<std::string, std::unique_ptr<WireReceiver>> wire_receivers_;  // by device name
 };
 
 }  // namespace xsrc

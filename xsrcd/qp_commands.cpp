@@ -150,14 +150,6 @@ void clear_qp_entry(xsrc_qp_entry &e)
 	e.generation = generation;
 }
 
-// What a QP's entry says of its owner's user (xsrc_qp_entry.owner_user): a
-// peer of another user reaches the QP through the device, never through
-// the arena. Told from revision 10 on, not to an older provider's device.
-__u32 owner_user(const Context &ctx)
-{
-	return ctx.device->abi_revision >= 10 ? static_cast<__u32>(ctx.uid) + 1 : 0;
-}
-
 void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 {
 	xsrc_qp_entry &e = ctx.device->arena->qp_entry(qp.index);
@@ -166,7 +158,6 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 	++e.generation;
 	e.owner_pid = static_cast<__u32>(ctx.owner);
 	e.owner_context = ctx.id;
-	e.owner_user = owner_user(ctx);
 	e.qp_type = qp.qp_type;
 	e.sq_sig_all = qp.sq_sig_all;
 	e.pd_id = links.pd ? links.pd->pd_id.value() : 0;
@@ -226,7 +217,6 @@ void hand_over(Device &dev, const Qp &qp)
 	xsrc_qp_entry &e = dev.arena->qp_entry(qp.index);
 	store_release<__u32>(e.owner_pid, static_cast<__u32>(next.ctx->owner));
 	store_release<__u64>(e.owner_context, next.ctx->id);
-	store_release<__u32>(e.owner_user, owner_user(*next.ctx));
 }
 
 // Drops a QP's reference on an object it links to.

@@ -389,14 +389,8 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 	// A path to another host needs the wire's response socket first: without
 	// it nothing would ever acknowledge the QP's messages.
 	const xsrc_transport *engine = qp->engine;
-	if ((attr_mask & IBV_QP_AV) && qp->type != IBV_QPT_UD) {
+	if ((attr_mask & IBV_QP_AV) && qp->type != IBV_QPT_UD)
 		engine = xsrc_route(ibqp->context, attr->ah_attr);
-		// A peer of another user on this device: through the device too.
-		if (engine != &xsrc_wire_transport && (attr_mask & IBV_QP_DEST_QPN) &&
-		    !xsrc_is_multicast_gid(attr->ah_attr.grh.dgid.raw) &&
-		    xsrc_peer_is_foreign(to_xsrc_ctx(ibqp->context), qp, xsrc::Qpn(attr->dest_qp_num)))
-			engine = &xsrc_wire_transport;
-	}
 	if (engine == &xsrc_wire_transport)
 		if (int err = xsrc_wire_prepare(qp)) {
 			verbs_err(qp_vctx(qp), "modify_qp: QP %u cannot reach another host: %s\n", qp->qpn.value(),

@@ -45,16 +45,6 @@ bool xsrc_gid_is_local(ibv_context *ibctx, uint8_t port_num, const ibv_gid &gid)
 	return false;
 }
 
-bool xsrc_peer_is_foreign(xsrc_context *ctx, const xsrc_qp *qp, xsrc::Qpn peer)
-{
-	xsrc_qp_entry *e = ctx->arena.qp(peer);
-	if (!e || !qp->entry || e->qpn != peer.value() || xsrc::qp_state_load(*e) == IBV_QPS_UNKNOWN)
-		return false;
-	uint32_t mine = xsrc::load_acquire(qp->entry->owner_user);
-	uint32_t theirs = xsrc::load_acquire(e->owner_user);
-	return mine && theirs && mine != theirs;
-}
-
 const xsrc_transport *xsrc_route(ibv_context *ibctx, const ibv_ah_attr &ah)
 {
 	const xsrc_transport *local = to_xsrc_ctx(ibctx)->transport;

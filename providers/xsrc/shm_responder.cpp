@@ -878,10 +878,6 @@ Result shm_execute(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe) noe
 			return Result::dropped();  // unacknowledged transports never learn
 		return Result::unreachable();
 	}
-	// Another user's QP: not through its rings, through the device (a
-	// datagram to the AH's GID, this device's own).
-	if (ud && xsrc_peer_is_foreign(ctx, qp, dest))
-		return xsrc_wire_transport.execute(ctx, qp, wqe);
 	uint32_t generation = atomic(r.qp->generation).load(std::memory_order_acquire);
 	Result res = shm_execute_at(ctx, qp, wqe, r);
 	if (remote_error(res) && responder_gone(ctx, r, generation))

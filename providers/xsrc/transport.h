@@ -15,8 +15,6 @@
 
 #include <cstdint>
 
-#include "common/ids.h"
-
 struct xsrc_context;
 struct xsrc_qp;
 struct xsrc_send_wqe;
@@ -88,12 +86,6 @@ bool xsrc_gid_is_local(ibv_context *ctx, uint8_t port_num, const ibv_gid &gid);
 // The engine for messages towards `ah`: the context's own for this port's
 // GIDs, multicast GIDs (and for no GRH); the wire for any other GID.
 const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah);
-// Does QP `peer` of this device belong to another user than `qp`? Then the
-// wire engine carries their messages, through the loopback netdev to this
-// host's xsrcd, which delivers them with its own checks: one user's
-// traffic never goes through rings of another's. False when the device
-// does not say (xsrc_qp_entry::owner_user 0) or there is no such QP.
-bool xsrc_peer_is_foreign(xsrc_context *ctx, const xsrc_qp *qp, xsrc::Qpn peer);
 
 // --- requester.cpp: the QP's side, whatever the engine ---------------------
 

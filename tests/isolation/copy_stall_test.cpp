@@ -1,12 +1,10 @@
-// A long transfer through the device does not stall other contexts' commands.
+// A long copy through the device does not stall other contexts' commands.
 // Root registers a 256 MiB buffer; a child running as uid 65534 RDMA-writes
-// it whole, several times (another user's QP and memory: xsrcd takes the
-// packets off the loopback netdev and moves the bytes); meanwhile a third
-// process times ibv_reg_mr and ibv_create_qp on a context of its own. Each
-// must take under 10 ms (issue 16), where a daemon that holds its lock for
-// a whole copy makes them wait for the copy (tens of ms per 256 MiB here),
-// and one whose receiver keeps a CPU under SCHED_FIFO through the transfer
-// makes them wait 14-34 ms. Prints the figures; exits 0
+// it whole, several times (another user's memory: xsrcd moves the bytes,
+// XSRC_CMD_COPY); meanwhile a third process times ibv_reg_mr and
+// ibv_create_qp on a context of its own. Each must take under 10 ms (issue
+// 16), where a daemon that holds its lock for a whole copy makes them wait
+// for the copy (tens of ms per 256 MiB here). Prints the figures; exits 0
 // only when the writes all succeeded, every byte arrived and the probe stayed
 // under the bound. This VM is noisy (a process can lose the CPU for 10 ms):
 // up to kAttempts runs, one within the bound passes; a daemon that stalls

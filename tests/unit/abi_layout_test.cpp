@@ -201,7 +201,7 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_qp_entry, max_inline_data, 104, 4),
 	XSRC_PIN_FIELD(xsrc_qp_entry, max_rd_atomic, 108, 4),
 	XSRC_PIN_FIELD(xsrc_qp_entry, max_dest_rd_atomic, 112, 4),
-	XSRC_PIN_FIELD(xsrc_qp_entry, owner_user, 116, 4),
+	XSRC_PIN_FIELD(xsrc_qp_entry, reserved, 116, 4),
 	XSRC_PIN_FIELD(xsrc_qp_entry, dgid, 120, 16),
 	XSRC_PIN_FIELD(xsrc_qp_entry, reserved2, 136, 48),
 	XSRC_PIN_STRUCT(xsrc_mr_entry, 48, 8),
