@@ -90,6 +90,15 @@ private:
 	uint64_t at_ = 0;
 };
 
+// Puts `thread` under SCHED_FIFO at `priority`, or the normal policy for 0:
+// 0 or an errno.
+int apply_policy(pthread_t thread, int priority)
+{
+	sched_param param{};
+	param.sched_priority = priority;
+	return pthread_setschedparam(thread, priority ? SCHED_FIFO : SCHED_OTHER, &param);
+}
+
 // A classic BPF program for a packet socket whose frames hold `link` bytes
 // of link-layer header before the IP header (an Ethernet header: 14, its
 // EtherType IPv4 or IPv6; none: 0): accept IPv4 UDP to 4791 (not a
@@ -281,10 +290,11 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 			if (!(fds[0].revents & POLLIN))
 				continue;
 			uint64_t woke = monotonic_ns();
-			bool fifo = self->priority() && !demoted;
 			budget.refill(woke);
 			if (self->priority() && demoted && budget.refilled())
 				demoted = !self->set_policy(true);
+			// This wake-up's work counts against the budget while under SCHED_FIFO.
+			auto fifo = [self, &demoted] { return self->priority() && !demoted; };
 			for (;;) {
 				for (size_t k = 0; k < kBatch; ++k) {
 					iov[k] = {bufs.data() + k * kMaxFrame, kMaxFrame};
@@ -313,10 +323,10 @@ std::unique_ptr<WireReceiver> WireReceiver::start(int ifindex, Deliver deliver, 
 					self->batch_end_();
 				if (n < static_cast<int>(kBatch))
 					break;
-				if (fifo && !demoted && budget.spent(monotonic_ns() - woke))
+				if (fifo() && budget.spent(monotonic_ns() - woke))
 					demoted = self->set_policy(false);
 			}
-			if (fifo && !demoted && budget.spend(monotonic_ns() - woke))
+			if (fifo() && budget.spend(monotonic_ns() - woke))
 				demoted = self->set_policy(false);
 			if (self->timer_)
 				due = self->timer_();
@@ -348,9 +358,7 @@ void WireReceiver::take_priority(int priority)
 {
 	if (priority <= 0)
 		return;
-	sched_param param{};
-	param.sched_priority = priority;
-	if (int e = pthread_setschedparam(impl_->thread.native_handle(), SCHED_FIFO, &param)) {
+	if (int e = apply_policy(impl_->thread.native_handle(), priority)) {
 		debug_log("wire receiver: SCHED_FIFO %d refused (%s); normal policy\n", priority, strerror(e));
 		return;
 	}
@@ -359,9 +367,7 @@ void WireReceiver::take_priority(int priority)
 
 bool WireReceiver::set_policy(bool fifo)
 {
-	sched_param param{};
-	param.sched_priority = fifo ? priority() : 0;
-	return pthread_setschedparam(pthread_self(), fifo ? SCHED_FIFO : SCHED_OTHER, &param) == 0;
+	return apply_policy(pthread_self(), fifo ? priority() : 0) == 0;
 }
 
 void WireReceiver::take(std::span<const uint8_t> frame, uint8_t *split)
