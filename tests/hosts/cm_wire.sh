@@ -24,6 +24,7 @@ case $mode in connect) own=xsrccm ;; refused) own=xsrccr ;; *) own=xsrccl ;; esa
 export XSRC_HOSTS_PREFIX=${XSRC_HOSTS_PREFIX:-$own}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/../rdmacm/rping_race.sh"
+. "$(dirname "$0")/../rdmacm/listener.sh"
 
 # on HOST CMD...: CMD under `xsrc run` on that host.
 on() {
@@ -38,9 +39,17 @@ pair() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do s+=("$1"); shift; done
   shift
   c=("$@")
+  local before
+  before=$(cm_listeners "$hosts" run 1 "$XSRC")
   timeout "$limit" "$hosts" run 1 "$XSRC" run -- "${s[@]}" >"$dir/server" 2>&1 &
   server=$!
-  sleep 1  # the server binds and listens before it prints anything
+  # The client connects once host 1's xsrcd counts the server's listener.
+  if ! await_listener "$before" "$hosts" run 1 "$XSRC"; then
+    bad "$name: host 1 counted no new listener (cm_listeners ${before:-none} -> ${listeners_now:-none}) within 10 s"
+    kill "$server" 2>/dev/null; wait "$server"; server=
+    echo "== server: ${s[*]}"; cat "$dir/server"
+    return 1
+  fi
   local start=$SECONDS
   timeout "$limit" "$hosts" run 2 "$XSRC" run -- "${c[@]}" >"$dir/client" 2>&1
   local rc=$?

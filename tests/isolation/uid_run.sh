@@ -5,6 +5,7 @@
 #   uid_run.sh PORT
 set -u
 . "$(dirname "$0")/../rdmacm/rping_race.sh"
+. "$(dirname "$0")/../rdmacm/listener.sh"
 port=$1
 nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
 dir=$(mktemp -d)
@@ -45,9 +46,10 @@ pair $((port + 1)) ibv_ud_pingpong -s 1024 -n 200
 # rdma_cm (the interposer xsrc run preloads), both sides uid 65534.
 netdev=$(cat "$SYSFS_PATH/class/infiniband/xsrc0/ports/1/gid_attrs/ndevs/1")
 addr=$(ip -o -4 addr show dev "$netdev" | awk '{print $4; exit}' | cut -d/ -f1)
+before=$(cm_listeners "$XSRC")
 run_as_nobody rping -s -a "$addr" -p $((port + 2)) -C 20 -V -S 4096 >"$dir/server" 2>&1 &
 sp=$!
-sleep 1
+await_listener "$before" "$XSRC" || { echo "rping server as uid 65534: no listener within 10 s"; rc=1; }
 run_as_nobody rping -c -a "$addr" -p $((port + 2)) -C 20 -V -S 4096 >"$dir/client" 2>&1
 crc=$(rping_client_rc $? "$dir/client")
 wait $sp; src=$?

@@ -11,6 +11,7 @@
 # done, and is then stopped.
 set -u
 . "$(dirname "$0")/rping_race.sh"
+. "$(dirname "$0")/listener.sh"
 forever=0
 if [ "$1" = --serves-forever ]; then forever=1; shift; fi
 kind=$1; limit=$2; shift 2
@@ -37,20 +38,13 @@ client=("${client[@]//@ADDR@/$addr}")
 dir=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$dir"' EXIT
-# The server listens before the client connects: until xsrcd counts one
-# listener more (a fixed second was not always enough on a loaded machine:
-# the client's request found no listener and was REJECTED), 10 s at most;
-# every server here listens, so one that does not fails the test.
-listeners() { "$XSRC" status | sed -n 's/^rdma_cm .*cm_listeners=\([0-9]*\).*/\1/p'; }
-before=$(listeners)
+# The server listens before the client connects (listener.sh); every
+# server here listens, so one that does not fails the test.
+before=$(cm_listeners "$XSRC")
 timeout "$limit" "$XSRC" run -- "${server[@]}" >"$dir/server" 2>&1 &
 pid=$!
 listening=0
-for _ in $(seq 100); do
-  now=$(listeners)
-  [ -n "$now" ] && [ "$now" -gt "${before:-0}" ] && { listening=1; break; }
-  sleep 0.1
-done
+await_listener "$before" "$XSRC" && listening=1
 timeout "$limit" "$XSRC" run -- "${client[@]}" >"$dir/client" 2>&1
 client_rc=$?
 if [ "$(basename "${client[0]}")" = rping ]; then
@@ -65,7 +59,7 @@ else
 fi
 pid=
 if [ $listening -eq 0 ]; then
-  echo "pair.sh: xsrc status counted no new listener (cm_listeners ${before:-none} -> ${now:-none}) within 10 s"
+  echo "pair.sh: xsrc status counted no new listener (cm_listeners ${before:-none} -> ${listeners_now:-none}) within 10 s"
 fi
 if [ $client_rc -ne 0 ] || [ "$server_rc" != 0 ] || [ $listening -eq 0 ]; then
   echo "exit status: server $server_rc, client $client_rc (address $addr)"
