@@ -55,6 +55,32 @@ int cmd_recv_shadow(Context &ctx, Caller &, const Request &req)
 	return 0;
 }
 
+namespace {
+
+// The receive the owner posted at ring position `pos`, by its shadow, into
+// `out` (wr_id, SGEs): 0, or EACCES (not posted there, or reposted since)
+// or ESRCH (the owner is gone).
+uint32_t read_posted(Context &owner, const RecvShadow &shadow, uint64_t pos, RecvWqe &out)
+{
+	if (!owner.caller)
+		return ESRCH;
+	std::array<std::byte, kMaxStride> bytes;
+	uint64_t at = shadow.addr + (pos & (shadow.num_entries - 1)) * uint64_t(shadow.stride);
+	if (owner.caller->read_memory(at, std::span(bytes.data(), shadow.stride)))
+		return EACCES;  // the owner unmapped its own record: nothing is posted
+	xsrc_recv_shadow_entry entry;
+	std::memcpy(&entry, bytes.data(), sizeof(entry));
+	uint32_t room = (shadow.stride - sizeof(entry)) / sizeof(xsrc_sge);
+	if (entry.posted != pos + 1 || entry.num_sge > room || entry.num_sge > XSRC_MAX_RECV_SGE)
+		return EACCES;
+	out.wr_id = entry.wr_id;
+	out.num_sge = entry.num_sge;
+	std::memcpy(out.sge, bytes.data() + sizeof(entry), entry.num_sge * sizeof(xsrc_sge));
+	return 0;
+}
+
+}  // namespace
+
 uint32_t recv_shadow_check(Context &owner, const RecvShadow &shadow, std::optional<uint64_t> pos, uint32_t lkey,
 			   uint64_t addr, uint64_t length)
 {
@@ -62,24 +88,22 @@ uint32_t recv_shadow_check(Context &owner, const RecvShadow &shadow, std::option
 		return 0;  // an owner that keeps no shadow (older provider): its MRs decide
 	if (!pos)
 		return EACCES;
-	if (!owner.caller)
-		return ESRCH;
-	std::array<std::byte, kMaxStride> bytes;
-	uint64_t at = shadow.addr + (*pos & (shadow.num_entries - 1)) * uint64_t(shadow.stride);
-	if (owner.caller->read_memory(at, std::span(bytes.data(), shadow.stride)))
-		return EACCES;  // the owner unmapped its own record: nothing is posted
-	xsrc_recv_shadow_entry entry;
-	std::memcpy(&entry, bytes.data(), sizeof(entry));
-	uint32_t room = (shadow.stride - sizeof(entry)) / sizeof(xsrc_sge);
-	if (entry.posted != *pos + 1 || entry.num_sge > room)
-		return EACCES;
-	for (uint32_t i = 0; i < entry.num_sge; ++i) {
-		xsrc_sge sge;
-		std::memcpy(&sge, bytes.data() + sizeof(entry) + i * sizeof(sge), sizeof(sge));
+	RecvWqe posted;
+	if (uint32_t err = read_posted(owner, shadow, *pos, posted))
+		return err;
+	for (uint32_t i = 0; i < posted.num_sge; ++i) {
+		const xsrc_sge &sge = posted.sge[i];
 		if (sge.lkey == lkey && addr >= sge.addr && length <= sge.length && addr - sge.addr <= sge.length - length)
 			return 0;
 	}
 	return EACCES;
+}
+
+bool recv_shadow_take(Context &owner, const RecvShadow &shadow, RecvWqe &rwqe)
+{
+	if (!shadow.addr)
+		return true;  // an owner that keeps no shadow (older provider): the ring decides
+	return rwqe.from_ring && read_posted(owner, shadow, rwqe.pos, rwqe) == 0;
 }
 
 }  // namespace xsrc

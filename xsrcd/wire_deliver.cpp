@@ -238,6 +238,7 @@ struct ReceiveSide {
 	Cq *cq = nullptr;
 	Srq *srq = nullptr;
 	xsrc_recv_ring *ring = nullptr;
+	const RecvShadow *shadow = nullptr;  // the owner's record of the ring's receives
 	PdId pd;
 };
 
@@ -261,18 +262,25 @@ std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp, con
 	r.ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
 	if (!recv_ring_fits(*dev.arena, ring_off, *r.ring))
 		return std::nullopt;
+	r.shadow = r.srq ? &r.srq->recv_shadow : &qp.recv_shadow;
 	r.pd = pd_id_of(owner, r.srq ? std::optional<PdHandle>(r.srq->pd_handle) : qp.pd_handle);
 	return r;
 }
 
-// Takes the oldest posted receive. False when there is none.
+// Takes the oldest posted receive, as the owner's record of it says: a slot
+// that holds none the owner posted (forged in the arena) is passed over.
+// False when there is none.
 bool take_receive(Context &owner, ReceiveSide &r, RecvWqe &rwqe)
 {
-	if (!recv_pop(r.ring, rwqe, kRingTries))
-		return false;
-	if (r.srq)
-		check_srq_limit(owner, *r.srq, r.ring);
-	return true;
+	for (unsigned k = 0; k < kRingTries; ++k) {
+		if (!recv_pop(r.ring, rwqe, kRingTries))
+			return false;
+		if (r.srq)
+			check_srq_limit(owner, *r.srq, r.ring);
+		if (recv_shadow_take(owner, *r.shadow, rwqe))
+			return true;
+	}
+	return false;
 }
 
 // The QP named by a packet's BTH, with the context that owns it.

@@ -15,7 +15,9 @@
 // still be IBV_WC_REM_ACCESS_ERR with both QPs in ERR, and the bytes before
 // it in place), an
 // RNR NAK that exhausts rnr_retry (IBV_WC_RNR_RETRY_EXC_ERR) and one that a
-// late receive ends. The two sides talk over TCP; each scenario gets a fresh
+// late receive ends, and a receive forged in the responder's arena ring
+// (never posted): the SEND finds no receive (RNR, then
+// IBV_WC_RNR_RETRY_EXC_ERR) and the memory it named stays untouched. The two sides talk over TCP; each scenario gets a fresh
 // QP pair.
 //   rc_wire_verbs server PORT GID_INDEX [data|readgap|tailloss]
 //   rc_wire_verbs client SERVER_ADDRESS PORT GID_INDEX [data|readgap|tailloss]
@@ -38,6 +40,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <xsrc-queues.h>
+
+#include <fstream>
 
 #include "harness/completions.h"
 #include "harness/qp_connect.h"
@@ -604,6 +610,24 @@ void client_rnr(Side &s, int fd, uint8_t rnr_retry, bool late_receive)
 	}
 }
 
+// The SEND of client_rnr into a receive the server forged: no receive.
+void client_forged_receive(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .rnr_retry = 0});
+	(void)recv_msg<uint32_t>(fd);  // forged
+	fill(s.buf.data(), 4096, 77);
+	check(post_send(s, IBV_WR_SEND, 4096, 0, 0, 0, 11) == 0, "post SEND");
+	ibv_wc wc = one(s, 30s);
+	check(wc.status == IBV_WC_RNR_RETRY_EXC_ERR,
+	      "SEND into a forged receive: want IBV_WC_RNR_RETRY_EXC_ERR, got " + status_text(wc));
+	send_msg(fd, uint32_t(1));
+	bool untouched = recv_msg<uint32_t>(fd) == 1;
+	check(untouched, "SEND into a forged receive: the memory it named was written");
+	if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR && untouched)
+		std::printf("ok: a receive forged in the arena is no receive (%s), its memory untouched\n",
+			    ibv_wc_status_str(wc.status));
+}
+
 // XRC: the server's XRC receive QP and SRQ, our XRC send QP.
 struct XrcPeer {
 	uint32_t qpn;
@@ -863,6 +887,58 @@ void server_rnr(Side &s, int fd, bool late_receive)
 	send_msg(fd, uint32_t(wc.status == IBV_WC_SUCCESS && wc.byte_len == 5000 && matches(s.buf.data(), 5000, 99)));
 }
 
+// Writes a receive WQE into our QP's ring in the device's arena, as a
+// process that maps it could (any user's, today), pointing at
+// [kForgeOffset, +4096) of our LOCAL_WRITE buffer, without posting it: the
+// device must take its receives from what we posted (xsrcd's own record),
+// not from the ring.
+constexpr size_t kForgeOffset = 256 * 1024;
+
+bool forge_receive(Side &s)
+{
+	std::ifstream f(std::string(getenv("SYSFS_PATH") ? getenv("SYSFS_PATH") : "/sys") +
+			"/class/infiniband/xsrc0/" XSRC_SYSFS_SHM_FILE);
+	std::string path;
+	std::getline(f, path);
+	int afd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+	void *map = afd >= 0 ? mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0) : MAP_FAILED;
+	if (afd >= 0)
+		close(afd);
+	if (map == MAP_FAILED)
+		return false;
+	auto *base = static_cast<uint8_t *>(map);
+	auto *hdr = reinterpret_cast<xsrc_arena_header *>(base);
+	auto *entry = reinterpret_cast<xsrc_qp_entry *>(base + hdr->qp_table_off) + (s.qp->qp_num - XSRC_QPN_BASE);
+	auto *ring = reinterpret_cast<xsrc_recv_ring *>(base + entry->rq_off);
+	uint64_t pos = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
+	auto *slot = reinterpret_cast<xsrc_recv_wqe *>(reinterpret_cast<uint8_t *>(ring + 1) +
+						       (pos & (ring->num_entries - 1)) * ring->stride);
+	slot->wr_id = 0xf0f0;
+	slot->num_sge = 1;
+	*reinterpret_cast<xsrc_sge *>(slot + 1) = {reinterpret_cast<uintptr_t>(s.buf.data() + kForgeOffset), 4096,
+						   s.mr->lkey};
+	__atomic_store_n(&slot->seq, pos + 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&ring->tail, pos + 1, __ATOMIC_RELEASE);
+	munmap(map, XSRC_ARENA_SIZE);
+	return true;
+}
+
+void server_forged_receive(Side &s, int fd)
+{
+	fresh_qp(s, fd, {.sgid_index = s.gid_index, .min_rnr_timer = 1});
+	std::memset(s.buf.data() + kForgeOffset, 0x33, 4096);
+	check(forge_receive(s), "map the device's arena");
+	send_msg(fd, uint32_t(1));
+	(void)recv_msg<uint32_t>(fd);  // the SEND completed
+	bool untouched = true;
+	for (size_t i = 0; i < 4096; ++i)
+		untouched &= s.buf[kForgeOffset + i] == 0x33;
+	check(untouched, "the memory a forged receive named was written");
+	ibv_wc wc;
+	check(ibv_poll_cq(s.cq, 1, &wc) == 0, "a completion for a receive that was never posted");
+	send_msg(fd, uint32_t(untouched));
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
@@ -908,6 +984,7 @@ int main(int argc, char **argv)
 			client_send_with_invalidate(s, fd);
 			client_rnr(s, fd, 2, false);
 			client_rnr(s, fd, 7, true);
+			client_forged_receive(s, fd);
 		}
 	} else {
 		server_writes(s, fd);
@@ -920,6 +997,7 @@ int main(int argc, char **argv)
 			server_send_with_invalidate(s, fd);
 			server_rnr(s, fd, false);
 			server_rnr(s, fd, true);
+			server_forged_receive(s, fd);
 		}
 	}
 	ibv_destroy_qp(s.qp);
