@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -99,7 +100,20 @@ std::vector<PageAllocator::Range> PageAllocator::expire(Clock::time_point now)
 		insert_free(quarantine_.front().range);
 		quarantine_.pop_front();
 	}
-	return done;
+	// Adjacent ranges as one run: a context that makes and destroys QPs
+	// in a loop releases hundreds of one-page rings side by side, and
+	// punching each alone held the daemon's lock (isolation_copy_stall:
+	// 1049 of them, 9 ms of fallocate in one CREATE_CQ; none over 0.5 ms
+	// merged).
+	std::sort(done.begin(), done.end(), [](const Range &a, const Range &b) { return a.first < b.first; });
+	std::vector<Range> runs;
+	for (const Range &r : done) {
+		if (!runs.empty() && runs.back().first + runs.back().count == r.first)
+			runs.back().count += r.count;
+		else
+			runs.push_back(r);
+	}
+	return runs;
 }
 
 uint64_t PageAllocator::free_pages() const

@@ -40,7 +40,9 @@ public:
 	// Puts a range into quarantine until now + quarantine.
 	void release(Range range, Clock::time_point now);
 	// Moves every range whose quarantine ended back to the free map and
-	// returns them (the caller may give their memory back to the system).
+	// returns them, adjacent ones merged into one run, in page order (the
+	// caller may give their memory back to the system, a system call per
+	// run).
 	std::vector<Range> expire(Clock::time_point now);
 
 	uint64_t free_pages() const;

@@ -61,6 +61,27 @@ TEST(PageAllocator, QuarantineDelaysReuse)
 	EXPECT_EQ(pages.expire(t0 + milliseconds(6000)).size(), 1u);
 }
 
+TEST(PageAllocator, ExpiryMergesAdjacentRanges)
+{
+	const Clock::time_point t0{};
+	PageAllocator pages(0, 32, milliseconds(10));
+	for (int i = 0; i < 6; ++i)
+		ASSERT_EQ(pages.allocate(2, t0), uint64_t(2 * i));
+	// Released out of order; 0..5 side by side, 8..9 apart.
+	pages.release({2, 2}, t0);
+	pages.release({8, 2}, t0);
+	pages.release({0, 2}, t0);
+	pages.release({4, 2}, t0);
+	auto runs = pages.expire(t0 + milliseconds(10));
+	ASSERT_EQ(runs.size(), 2u);
+	EXPECT_EQ(runs[0].first, 0u);
+	EXPECT_EQ(runs[0].count, 6u);
+	EXPECT_EQ(runs[1].first, 8u);
+	EXPECT_EQ(runs[1].count, 2u);
+	EXPECT_EQ(pages.allocate(6, t0 + milliseconds(10)), 0u);
+	EXPECT_TRUE(pages.expire(t0 + milliseconds(20)).empty());
+}
+
 class ArenaTest : public ::testing::Test {
 protected:
 	void SetUp() override { path_ = "/dev/shm/xsrc-arenatest-" + std::to_string(getpid()); }
