@@ -43,8 +43,7 @@
 
 #include <xsrc-queues.h>
 
-#include <fstream>
-
+#include "harness/arena.h"
 #include "harness/completions.h"
 #include "harness/qp_connect.h"
 
@@ -896,38 +895,16 @@ constexpr size_t kForgeOffset = 256 * 1024;
 
 bool forge_receive(Side &s)
 {
-	std::ifstream f(std::string(getenv("SYSFS_PATH") ? getenv("SYSFS_PATH") : "/sys") +
-			"/class/infiniband/xsrc0/" XSRC_SYSFS_SHM_FILE);
-	std::string path;
-	std::getline(f, path);
-	int afd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-	void *map = afd >= 0 ? mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0) : MAP_FAILED;
-	if (afd >= 0)
-		close(afd);
-	if (map == MAP_FAILED)
-		return false;
-	auto *base = static_cast<uint8_t *>(map);
-	auto *hdr = reinterpret_cast<xsrc_arena_header *>(base);
-	auto *entry = reinterpret_cast<xsrc_qp_entry *>(base + hdr->qp_table_off) + (s.qp->qp_num - XSRC_QPN_BASE);
-	auto *ring = reinterpret_cast<xsrc_recv_ring *>(base + entry->rq_off);
-	uint64_t pos = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
-	auto *slot = reinterpret_cast<xsrc_recv_wqe *>(reinterpret_cast<uint8_t *>(ring + 1) +
-						       (pos & (ring->num_entries - 1)) * ring->stride);
-	slot->wr_id = 0xf0f0;
-	slot->num_sge = 1;
-	*reinterpret_cast<xsrc_sge *>(slot + 1) = {reinterpret_cast<uintptr_t>(s.buf.data() + kForgeOffset), 4096,
-						   s.mr->lkey};
-	__atomic_store_n(&slot->seq, pos + 1, __ATOMIC_RELEASE);
-	__atomic_store_n(&ring->tail, pos + 1, __ATOMIC_RELEASE);
-	munmap(map, XSRC_ARENA_SIZE);
-	return true;
+	h::MappedArena arena("xsrc0");
+	xsrc_sge sge{reinterpret_cast<uintptr_t>(s.buf.data() + kForgeOffset), 4096, s.mr->lkey};
+	return arena.ok() && arena.forge_receive(s.qp->qp_num, 0xf0f0, sge);
 }
 
 void server_forged_receive(Side &s, int fd)
 {
 	fresh_qp(s, fd, {.sgid_index = s.gid_index, .min_rnr_timer = 1});
 	std::memset(s.buf.data() + kForgeOffset, 0x33, 4096);
-	check(forge_receive(s), "map the device's arena");
+	check(forge_receive(s), "map the device's arena and forge a receive in our ring");
 	send_msg(fd, uint32_t(1));
 	(void)recv_msg<uint32_t>(fd);  // the SEND completed
 	bool untouched = true;

@@ -7,20 +7,17 @@
 //
 // This process forges into its own CQ ring, which is what another user's
 // process can do to it: the arena is the same file for every process.
-#include <fcntl.h>
-#include <sys/mman.h>
-
 #include <xsrc-queues.h>
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
-#include "common/fd.h"
 #include "device_test_util.h"
+#include "harness/arena.h"
+#include "harness/device_stats.h"
 
 using namespace xsrc_test;
 
@@ -51,28 +48,16 @@ protected:
 		ro_mr_ = ibv_reg_mr(pd_, read_only_, sizeof(read_only_), 0);
 		ASSERT_TRUE(mr_ && ro_mr_);
 
-		std::ifstream f(env_or("SYSFS_PATH", "/sys") + "/class/infiniband/" + test_device() + "/" +
-				XSRC_SYSFS_SHM_FILE);
-		std::string path;
-		std::getline(f, path);
-		xsrc::unique_fd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
-		ASSERT_GE(fd.get(), 0) << path;
-		base_ = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-		fd.reset();
-		ASSERT_NE(base_, MAP_FAILED);
-		auto *hdr = static_cast<xsrc_arena_header *>(base_);
-		auto *qps = reinterpret_cast<xsrc_qp_entry *>(static_cast<char *>(base_) + hdr->qp_table_off);
-		const xsrc_qp_entry &e = qps[qp_->qp_num - XSRC_QPN_BASE];
+		ASSERT_TRUE(arena_.ok()) << xsrc::harness::device_arena_path(test_device());
+		const xsrc_qp_entry &e = arena_.qp_entry(qp_->qp_num);
 		ASSERT_EQ(e.qpn, qp_->qp_num);
 		ASSERT_NE(e.recv_cq_off, 0u);
-		ring_ = reinterpret_cast<xsrc_cq_ring *>(static_cast<char *>(base_) + e.recv_cq_off);
+		ring_ = arena_.at<xsrc_cq_ring>(e.recv_cq_off);
 		ASSERT_GE(ring_->payload_stride, 64u);
 	}
 
 	void TearDown() override
 	{
-		if (base_ && base_ != MAP_FAILED)
-			munmap(base_, XSRC_ARENA_SIZE);
 		if (qp_)
 			ibv_destroy_qp(qp_);
 		if (mr_)
@@ -167,7 +152,7 @@ protected:
 	ibv_cq *cq_ = nullptr;
 	ibv_qp *qp_ = nullptr;
 	ibv_mr *mr_ = nullptr, *ro_mr_ = nullptr;
-	void *base_ = nullptr;
+	xsrc::harness::MappedArena arena_{test_device()};
 	xsrc_cq_ring *ring_ = nullptr;
 	alignas(64) char registered_[4096] = {};
 	alignas(64) char read_only_[256] = {};  // registered without LOCAL_WRITE

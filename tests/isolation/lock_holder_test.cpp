@@ -12,7 +12,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,8 +25,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/fd.h"
 #include "device_test_util.h"
+#include "harness/arena.h"
 
 using namespace xsrc_test;
 using Clock = std::chrono::steady_clock;
@@ -39,45 +38,24 @@ ibv_context *open_test_device()
 	return open_device(test_device());
 }
 
-// The device's arena, mapped.
-class MappedArena {
-public:
-	MappedArena()
-	{
-		xsrc::unique_fd fd(open(xsrc::harness::device_arena_path(test_device()).c_str(), O_RDWR | O_CLOEXEC));
-		if (fd.get() >= 0)
-			base_ = static_cast<char *>(
-				mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
-	}
-	~MappedArena()
-	{
-		if (ok())
-			munmap(base_, XSRC_ARENA_SIZE);
-	}
-	bool ok() const { return base_ && base_ != MAP_FAILED; }
-	const xsrc_arena_header &header() const { return *reinterpret_cast<const xsrc_arena_header *>(base_); }
-	template <typename T>
-	T *at(uint64_t off) const { return reinterpret_cast<T *>(base_ + off); }
+using xsrc::harness::MappedArena;
 
-	// The lock word of SRQ `srqn`'s tag table.
-	uint32_t *tm_lock(uint32_t srqn) const
-	{
-		auto *srqs = at<xsrc_srq_entry>(header().srq_table_off);
-		const xsrc_srq_entry &e = srqs[srqn - XSRC_SRQN_BASE];
-		if (e.srqn != srqn || !e.ring_off)
-			return nullptr;
-		auto *ring = at<xsrc_recv_ring>(e.ring_off);
-		uint64_t off = e.ring_off + sizeof(xsrc_recv_ring) + uint64_t(ring->num_entries) * ring->stride;
-		return &at<xsrc_tm_table>(off)->lock;
-	}
-	uint32_t *atomic_lock(uint32_t index) const
-	{
-		return at<uint32_t>(header().atomic_locks_off) + index;
-	}
+// The lock word of SRQ `srqn`'s tag table.
+uint32_t *tm_lock(const MappedArena &arena, uint32_t srqn)
+{
+	auto *srqs = arena.at<xsrc_srq_entry>(arena.header().srq_table_off);
+	const xsrc_srq_entry &e = srqs[srqn - XSRC_SRQN_BASE];
+	if (e.srqn != srqn || !e.ring_off)
+		return nullptr;
+	auto *ring = arena.at<xsrc_recv_ring>(e.ring_off);
+	uint64_t off = e.ring_off + sizeof(xsrc_recv_ring) + uint64_t(ring->num_entries) * ring->stride;
+	return &arena.at<xsrc_tm_table>(off)->lock;
+}
 
-private:
-	char *base_ = nullptr;
-};
+uint32_t *atomic_lock(const MappedArena &arena, uint32_t index)
+{
+	return arena.at<uint32_t>(arena.header().atomic_locks_off) + index;
+}
 
 uint32_t load(const uint32_t *word)
 {
@@ -199,7 +177,7 @@ std::string read_line(int fd, std::chrono::milliseconds limit)
 
 TEST(LockHolder, AWaiterInAnotherPidNamespaceWaitsForALiveHolderAndTheDeviceFreesADeadOnes)
 {
-	MappedArena arena;
+	MappedArena arena(test_device());
 	ASSERT_TRUE(arena.ok());
 	pid_t holder = start_holder();
 	ASSERT_GT(holder, 0);
@@ -232,7 +210,7 @@ TEST(LockHolder, AWaiterInAnotherPidNamespaceWaitsForALiveHolderAndTheDeviceFree
 	unsigned srqn = 0, inner_pid = 0;
 	ASSERT_EQ(sscanf(hello.c_str(), "srqn %u pid %u", &srqn, &inner_pid), 2) << hello;
 	EXPECT_EQ(inner_pid, 1u) << "the waiter is not in a PID namespace of its own";
-	uint32_t *lock = arena.tm_lock(srqn);
+	uint32_t *lock = tm_lock(arena, srqn);
 	ASSERT_NE(lock, nullptr);
 	ASSERT_EQ(load(lock), 0u);
 
@@ -261,7 +239,7 @@ TEST(LockHolder, AWaiterInAnotherPidNamespaceWaitsForALiveHolderAndTheDeviceFree
 
 TEST(LockHolder, TheDeviceFreesTheAtomicsLocksOfAnExitedProcessOnly)
 {
-	MappedArena arena;
+	MappedArena arena(test_device());
 	ASSERT_TRUE(arena.ok());
 	ibv_context *mine = open_test_device();  // a live context with our pid
 	ASSERT_NE(mine, nullptr);
@@ -271,7 +249,7 @@ TEST(LockHolder, TheDeviceFreesTheAtomicsLocksOfAnExitedProcessOnly)
 	// Words no one holds now (the device shares them among all users).
 	uint32_t *held = nullptr, *ours = nullptr;
 	for (uint32_t i = XSRC_ATOMIC_LOCKS; i-- > 0 && !(held && ours);) {
-		uint32_t *w = arena.atomic_lock(i);
+		uint32_t *w = atomic_lock(arena, i);
 		uint32_t free_word = 0;
 		uint32_t who = held ? static_cast<uint32_t>(getpid()) : static_cast<uint32_t>(holder);
 		if (__atomic_compare_exchange_n(w, &free_word, who, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))

@@ -34,12 +34,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdarg>
-#include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "device_test_util.h"
+#include "harness/arena.h"
 #include "harness/link.h"
 #include "harness/qp_connect.h"
 
@@ -344,18 +345,6 @@ ibv_wc_status run_op(Side &s, ibv_qp *qp, ibv_wr_opcode op, ibv_sge sge, uint64_
 
 const char *who(const Info &i) { return i.uid == 0 ? "root" : "uid 65534"; }
 
-// The device's arena mapped writable (anyone may: it is world-writable), or
-// MAP_FAILED; `fd` is its file, to close after munmap.
-void *map_arena(int &fd)
-{
-	std::ifstream f(env_or("SYSFS_PATH", "/sys") + "/class/infiniband/" + test_device() + "/" +
-			XSRC_SYSFS_SHM_FILE);
-	std::string path;
-	std::getline(f, path);
-	fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-	return fd >= 0 ? mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-}
-
 // A type 2 window over [kWinOff, +kWinLen) of our buffer, bound on rc[0]
 // with remote write; its rkey (0 when it failed).
 uint32_t bind_window(Side &s)
@@ -433,13 +422,12 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 	// The window answers only the QP it was bound on (type 2B). The
 	// unprivileged end first rewrites the window's arena entry to "bound to
 	// no QP", so that only the device's own record refuses it.
-	int wfd = -1;
-	void *wbase = me.uid != 0 ? map_arena(wfd) : MAP_FAILED;
+	std::optional<xsrc::harness::MappedArena> warena;
+	if (me.uid != 0)
+		warena.emplace(test_device());
 	xsrc_mr_entry *forged = nullptr;
-	if (wbase != MAP_FAILED) {
-		auto *hdr = static_cast<xsrc_arena_header *>(wbase);
-		forged = reinterpret_cast<xsrc_mr_entry *>(static_cast<char *>(wbase) + hdr->mr_table_off) +
-			 (window_rkey >> 8);
+	if (warena && warena->ok()) {
+		forged = warena->mr_table() + (window_rkey >> 8);
 		check(forged->key == window_rkey && forged->bound_qpn == peer.rc_qpn[0],
 		      "the window's arena entry names the QP it was bound on");
 		forged->bound_qpn = 0;
@@ -451,10 +439,7 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 	      forged ? " (its arena entry forged)" : "", ibv_wc_status_str(st));
 	if (forged)
 		forged->bound_qpn = peer.rc_qpn[0];
-	if (wbase != MAP_FAILED)
-		munmap(wbase, XSRC_ARENA_SIZE);
-	if (wfd >= 0)
-		close(wfd);
+	warena.reset();
 	fill(local, 64, phase + 6);
 	st = run_op(s, s.rc[err_base], IBV_WR_RDMA_WRITE, {ptr(local), 64, lkey}, peer.secret,
 				  peer.secret_rkey);
@@ -467,14 +452,11 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 		// Forge an MR entry in the arena (which anyone may write) that
 		// grants remote write on the peer's secret: the device must not
 		// believe it.
-		int fd = -1;
-		void *base = map_arena(fd);
-		check(base != MAP_FAILED, "the arena is writable by uid %u", me.uid);
-		if (base != MAP_FAILED) {
-			auto *hdr = static_cast<xsrc_arena_header *>(base);
-			auto *mrs = reinterpret_cast<xsrc_mr_entry *>(static_cast<char *>(base) + hdr->mr_table_off);
-			auto *qps = reinterpret_cast<xsrc_qp_entry *>(static_cast<char *>(base) + hdr->qp_table_off);
-			const xsrc_qp_entry &target = qps[peer.rc_qpn[err_base + 2] - XSRC_QPN_BASE];
+		xsrc::harness::MappedArena arena(test_device());
+		check(arena.ok(), "the arena is writable by uid %u", me.uid);
+		if (arena.ok()) {
+			xsrc_mr_entry *mrs = arena.mr_table();
+			const xsrc_qp_entry &target = arena.qp_entry(peer.rc_qpn[err_base + 2]);
 			uint32_t index = XSRC_MR_TABLE_LEN - 2;
 			xsrc_mr_entry &e = mrs[index];
 			e.pd_id = target.pd_id;
@@ -489,10 +471,7 @@ void requester(Side &s, const Info &me, const Info &peer, unsigned phase, int er
 			      ibv_wc_status_str(st));
 			std::atomic_ref<uint32_t>(e.key).store(0, std::memory_order_release);
 			e = xsrc_mr_entry{};
-			munmap(base, XSRC_ARENA_SIZE);
 		}
-		if (fd >= 0)
-			close(fd);
 	}
 	sync_point(20 + phase);
 }
@@ -564,25 +543,10 @@ void forged_receive(Side &s, const Info &me, const Info &peer)
 		memset(s.buf + kForgeOff, 0x33, kForgeLen);
 	sync_point(30);  // root's QP is ready, its receive queue empty
 	if (forger) {
-		int fd = -1;
-		auto *base = static_cast<unsigned char *>(map_arena(fd));
-		check(base != MAP_FAILED, "the second user maps the arena writable");
-		if (base != MAP_FAILED) {
-			auto *hdr = reinterpret_cast<xsrc_arena_header *>(base);
-			auto *entry = reinterpret_cast<xsrc_qp_entry *>(base + hdr->qp_table_off) +
-				      (peer_qpn - XSRC_QPN_BASE);
-			auto *ring = reinterpret_cast<xsrc_recv_ring *>(base + entry->rq_off);
-			uint64_t pos = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
-			auto *slot = reinterpret_cast<xsrc_recv_wqe *>(reinterpret_cast<unsigned char *>(ring + 1) +
-								       (pos & (ring->num_entries - 1)) * ring->stride);
-			slot->wr_id = 0xf0f0;
-			slot->num_sge = 1;
-			*reinterpret_cast<xsrc_sge *>(slot + 1) = {peer.buf + kForgeOff, uint32_t(kForgeLen), peer.rkey};
-			__atomic_store_n(&slot->seq, pos + 1, __ATOMIC_RELEASE);
-			__atomic_store_n(&ring->tail, pos + 1, __ATOMIC_RELEASE);
-			munmap(base, XSRC_ARENA_SIZE);
-			close(fd);
-		}
+		xsrc::harness::MappedArena arena(test_device());
+		check(arena.ok(), "the second user maps the arena writable");
+		check(!arena.ok() || arena.forge_receive(peer_qpn, 0xf0f0, {peer.buf + kForgeOff, uint32_t(kForgeLen), peer.rkey}),
+		      "a receive forged into root's ring");
 		unsigned char *local = s.buf + kLocalOff;
 		memset(local, 0xee, kForgeLen);
 		ibv_wc_status st = run_op(s, qp, IBV_WR_SEND, {ptr(local), uint32_t(kForgeLen), s.mr->lkey});

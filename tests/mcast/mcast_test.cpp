@@ -3,11 +3,9 @@
 // ibv_attach_mcast / ibv_detach_mcast through the stock libibverbs.
 //   mcast_test [gtest flags]            the tests
 //   mcast_test --receiver LINK_FD DEV   the child (harness/child.h)
-#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <grp.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -21,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "common/fd.h"
 #include "device_test_util.h"
+#include "harness/arena.h"
 #include "harness/child.h"
 #include "harness/completions.h"
 #include "harness/qp_connect.h"
@@ -355,23 +353,14 @@ std::string expected(uint32_t first, uint32_t count, uint32_t len, uint32_t send
 // The groups in use in the device's multicast table (read from its arena file).
 int groups_in_use(const std::string &device)
 {
-	std::string path = xsrc::harness::device_arena_path(device);
-	xsrc::unique_fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-	if (!fd)
+	xsrc::harness::MappedArena arena(device, false);
+	if (!arena.ok() || !arena.header().mcast_table_off)
 		return -1;
-	void *base = mmap(nullptr, XSRC_ARENA_SIZE, PROT_READ, MAP_SHARED, fd.get(), 0);
-	if (base == MAP_FAILED)
-		return -1;
-	auto *hdr = static_cast<const xsrc_arena_header *>(base);
-	int n = -1;
-	if (hdr->mcast_table_off) {
-		auto *table = reinterpret_cast<const xsrc_mcast_table *>(static_cast<char *>(base) + hdr->mcast_table_off);
-		auto *groups = reinterpret_cast<const xsrc_mcast_group *>(table + 1);
-		n = 0;
-		for (uint32_t i = 0; i < XSRC_MCAST_GROUPS; ++i)
-			n += groups[i].num_qps != 0;
-	}
-	munmap(base, XSRC_ARENA_SIZE);
+	auto *table = arena.at<const xsrc_mcast_table>(arena.header().mcast_table_off);
+	auto *groups = reinterpret_cast<const xsrc_mcast_group *>(table + 1);
+	int n = 0;
+	for (uint32_t i = 0; i < XSRC_MCAST_GROUPS; ++i)
+		n += groups[i].num_qps != 0;
 	return n;
 }
 
