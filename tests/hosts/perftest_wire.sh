@@ -47,7 +47,7 @@ most_outstanding() {
 }
 
 # slow_responses on|off: host 1 (the READ responder) sends at 20 Mbit/s
-# (HTB: tc has no netem on every kernel), so that a READ's responses take
+# (an HTB class: this kernel has no netem), so that a READ's responses take
 # about 2 ms to leave. Without it, whether requests overlap on the wire
 # depends on the scheduler: a post whose datagram wakes host 1's xsrcd on
 # the poster's CPU can yield that CPU until the READ is answered, and then
