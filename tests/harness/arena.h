@@ -21,7 +21,6 @@ public:
 	MappedArena &operator=(const MappedArena &) = delete;
 
 	bool ok() const { return base_ != nullptr; }
-	char *base() const { return base_; }
 	const xsrc_arena_header &header() const { return *reinterpret_cast<const xsrc_arena_header *>(base_); }
 	template <typename T>
 	T *at(uint64_t off) const

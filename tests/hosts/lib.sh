@@ -84,8 +84,11 @@ nft_drops() {
   ip netns exec "$1" nft list chain netdev "$2" out | sed -n 's/.*packets \([0-9]*\).*drop$/\1/p' | sed -n "${3:-1}p"
 }
 
+# host_if H: host H's interface (hosts.sh names it so).
+host_if() { echo "${XSRC_HOSTS_IFNAME:-$XSRC_HOSTS_PREFIX-$1}"; }
+
 segmentation() {
-  "$hosts" run "$1" ethtool -K "${XSRC_HOSTS_IFNAME:-$XSRC_HOSTS_PREFIX-$1}" tx-udp-segmentation "$2" ||
+  "$hosts" run "$1" ethtool -K "$(host_if "$1")" tx-udp-segmentation "$2" ||
     bad "ethtool could not turn host $1's tx-udp-segmentation $2"
 }
 

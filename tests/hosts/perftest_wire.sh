@@ -54,7 +54,8 @@ most_outstanding() {
 # every READ is answered before the next one goes out (about 1 run in 15,
 # whatever max_rd_atomic allows).
 slow_responses() {
-  local ns=$XSRC_HOSTS_PREFIX-1 dev=${XSRC_HOSTS_IFNAME:-$XSRC_HOSTS_PREFIX-1}
+  local ns=$XSRC_HOSTS_PREFIX-1 dev
+  dev=$(host_if 1)
   if [ "$1" = on ]; then
     tc -n "$ns" qdisc add dev "$dev" root handle 1: htb default 10 &&
       tc -n "$ns" class add dev "$dev" parent 1: classid 1:10 htb rate 20mbit burst 1600b cburst 1600b ||

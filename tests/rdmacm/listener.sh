@@ -1,7 +1,8 @@
 # Sourced by the scripts that start an rdma_cm server and then its client
 # (pair.sh, device_removal.sh, the hosts' cm_wire.sh, the isolation suite's
-# uid_run.sh): the client connects only once the server listens. A fixed second was not always enough on a loaded machine:
-# the client's request found no listener and was REJECTED.
+# uid_run.sh): the client connects only once the server listens. A fixed
+# second was not always enough on a loaded machine: the client's request
+# found no listener and was REJECTED.
 #
 # cm_listeners XSRC...: the listener count that `XSRC... status` prints
 # (XSRC may be a command prefix, e.g. one that enters a host of the
