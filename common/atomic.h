@@ -26,4 +26,18 @@ inline void store_release(T &field, T value) noexcept
 	atomic(field).store(value, std::memory_order_release);
 }
 
+// Asks for the cache line at `p` in a state this CPU may write, without
+// waiting for it: a line another process's CPU wrote last costs a cross-core
+// round trip; asked for early, that trip overlaps other work, and a load
+// followed by a locked write fetches it once instead of twice. No effect on
+// what anyone sees (x86 PREFETCHW; elsewhere a plain prefetch).
+inline void prefetch_for_write(const void *p) noexcept
+{
+#if defined(__x86_64__) || defined(__i386__)
+	asm volatile("prefetchw %0" : : "m"(*static_cast<const char *>(p)));
+#else
+	__builtin_prefetch(p, 1);
+#endif
+}
+
 }  // namespace xsrc

@@ -312,6 +312,8 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 	xsrc::RecvWqe rwqe;
 	if (!r.rq || !xsrc::recv_pop(r.rq, rwqe))
 		return responder_no_receive(qp, r);
+	if (qp->recv_cq)
+		xsrc_cq_note_reply_path(qp->recv_cq, qp->qpn, r.rq, rwqe.pos);
 	responder_check_srq_limit(ctx, r);
 	return responder_deliver_to(ctx, qp, wqe, r, local, ud, rwqe, recv_opcode);
 }

@@ -260,9 +260,31 @@ struct xsrc_cq {
 	// Where the next completion lands, for a poll that looks before it
 	// locks (cq.cpp: cq_looks_empty); 0: the lock decides. Under poll_lock.
 	std::atomic<uint64_t> peek{0};
+	// The receive queue that our QP reply.qpn (one whose receives complete
+	// here) last sent a message into: the addresses of its head and of the
+	// slot its next receive takes. A message received is often answered; a
+	// poll that takes one of that QP's asks for those lines, which the peer
+	// wrote last, while the application still works on what it received
+	// (cq.cpp: cq_expect_reply). Written by the sender, on a line of its own
+	// (the poller's fields above are another thread's). Stale addresses
+	// cost nothing: a prefetch never faults.
+	struct alignas(64) {
+		std::atomic<uint32_t> qpn{0};
+		std::atomic<const void *> head{nullptr};
+		std::atomic<const void *> slot{nullptr};
+	} reply;
 
 	xsrc_cq_ring *ring() const { return consumer.ring(); }  // where completions go
 };
+
+// shm_responder.cpp: our QP `qpn` consumed the receive at `pos` of the
+// peer's queue `rq`; its receives complete on `cq`.
+inline void xsrc_cq_note_reply_path(xsrc_cq *cq, xsrc::Qpn qpn, xsrc_recv_ring *rq, uint64_t pos) noexcept
+{
+	cq->reply.qpn.store(qpn.value(), std::memory_order_relaxed);
+	cq->reply.head.store(&rq->head, std::memory_order_relaxed);
+	cq->reply.slot.store(xsrc::recv_slot(rq, pos + 1), std::memory_order_relaxed);
+}
 
 struct xsrc_srq {
 	verbs_srq vsrq;
