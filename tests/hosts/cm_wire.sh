@@ -154,10 +154,10 @@ lossy)
     ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nftables cannot make host $i's link lose MADs"; exit 1; }
 table netdev cmloss {
   chain out {
-    type filter hook egress device "$ns" priority 0;
+    type filter hook egress device "$(host_if $i)" priority 0;
     meta mark 0x4d4144 accept
     udp dport 4791 @th,64,8 0x64 @th,104,24 1 numgen inc mod 2 == 0 counter drop
-    udp dport 4791 @th,64,8 0x64 @th,104,24 1 meta mark set 0x4d4144 counter dup to "$ns"
+    udp dport 4791 @th,64,8 0x64 @th,104,24 1 meta mark set 0x4d4144 counter dup to "$(host_if $i)"
   }
 }
 NFT

@@ -28,7 +28,7 @@ wait_file() {
 }
 # in_group HOST ADDR: is the host's netdev in the IP multicast group?
 in_group() {
-  "$hosts" run "$1" ip maddr show dev "$XSRC_HOSTS_PREFIX-$1" | grep -qw "$2"
+  "$hosts" run "$1" ip maddr show dev "$(host_if "$1")" | grep -qw "$2"
 }
 
 # one_group GIDX GROUP IPADDR: the whole exchange over one group.

@@ -79,7 +79,7 @@ NFT
 }
 # Where the emulator of direction I (from host I) sits: "NS DEV".
 link_of() {
-  if [ "$1" = 1 ]; then echo "$XSRC_HOSTS_PREFIX-1 $XSRC_HOSTS_PREFIX-1"; else echo "$XSRC_HOSTS_PREFIX-br port1"; fi
+  if [ "$1" = 1 ]; then echo "$XSRC_HOSTS_PREFIX-1 $(host_if 1)"; else echo "$XSRC_HOSTS_PREFIX-br port1"; fi
 }
 # delayed I: packets direction I's emulator held back (netem delays them all).
 delayed() {

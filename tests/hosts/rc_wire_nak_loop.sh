@@ -15,7 +15,7 @@ export XSRC_HOSTS_PREFIX=xsrcnk
 responder=$here/../wire/nak_responder.py
 
 hosts_up
-"$hosts" run 1 timeout 60 python3 "$responder" "$XSRC_HOSTS_PREFIX-1" 10.77.0.1 "$port" 0xabcde \
+"$hosts" run 1 timeout 60 python3 "$responder" "$(host_if 1)" 10.77.0.1 "$port" 0xabcde \
   >"$dir/server" 2>&1 &
 server=$!
 wait_listen

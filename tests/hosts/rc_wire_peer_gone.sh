@@ -37,7 +37,7 @@ gone_mid_run() {
   local client=$!
   sleep 2
   case $how in
-  link) ip -n "$XSRC_HOSTS_PREFIX-1" link set "$XSRC_HOSTS_PREFIX-1" down ;;
+  link) ip -n "$XSRC_HOSTS_PREFIX-1" link set "$(host_if 1)" down ;;
   daemon) kill -9 "$("$hosts" run 1 cat /run/xsrc/xsrcd.pid)" ;;
   esac
   local start=$SECONDS

@@ -26,7 +26,7 @@ ns=$XSRC_HOSTS_PREFIX-1
 ip netns exec "$ns" nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
 table netdev readgap {
   chain out {
-    type filter hook egress device "$ns" priority 0;
+    type filter hook egress device "$(host_if 1)" priority 0;
     udp dport 4791 @th,64,8 0x0e numgen inc mod 1000000 { 5, 25, 45, 65 } counter drop
   }
 }

@@ -42,7 +42,7 @@ ns1=$XSRC_HOSTS_PREFIX-1
 ip netns exec "$ns1" nft -f - <<NFT || { echo "FAIL: nft"; exit 1; }
 table netdev naks {
   chain out {
-    type filter hook egress device "$ns1" priority 0;
+    type filter hook egress device "$(host_if 1)" priority 0;
     udp dport 4791 @th,64,8 0x11 @th,160,8 0x60 numgen inc mod 1000000 0 counter drop
   }
 }
