@@ -132,12 +132,53 @@ inline bool cq_room_behind_head(xsrc_cq_ring *ring, uint64_t pos)
 	return static_cast<int64_t>(seq - oldest) >= static_cast<int64_t>(ring->num_entries);
 }
 
-// Appends a completion. False when the CQ is full (an overrun), or after
-// `max_tries` lost races (the daemon bounds them: a process could forge the
-// ring's sequence numbers to keep it looping); a big slot the completion
-// carries is then free again.
-inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
-		    unsigned max_tries = kUnboundedTries)
+// The arm a completion `cqe` fires, if the CQ is armed for it, is consumed
+// (one event per arming): true, and the caller raises the event.
+inline bool cq_take_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
+{
+	auto armed = atomic(ring->armed);
+	uint32_t mode = armed.load(std::memory_order_seq_cst);
+	if (mode == XSRC_CQ_ARMED_NONE)
+		return false;
+	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
+		      cqe.status != IBV_WC_SUCCESS;
+	return wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel);
+}
+
+// After cq_push() placed `cqe`: does it fire the CQ's armed event? If so the
+// arm is consumed (one event per arming). The fence pairs with the seq_cst
+// store that arms the CQ: either we see the arm, or the owner's poll after
+// arming sees this completion.
+inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
+{
+	std::atomic_thread_fence(std::memory_order_seq_cst);
+	return cq_take_arm(ring, cqe);
+}
+
+// Whether the ring's consumer arms as revision 11 has it (xsrc-queues.h):
+// then a producer reads `armed` right after it claims its slot.
+inline bool cq_arm_sees_tail([[maybe_unused]] const xsrc_cq_ring *ring)
+{
+#if XSRC_DRIVER_ABI_REVISION >= 11
+	return atomic(const_cast<xsrc_cq_ring *>(ring)->arm_sees_tail).load(std::memory_order_relaxed) != 0;
+#else
+	return false;
+#endif
+}
+
+// What cq_push_notify() did.
+enum class CqPushed {
+	full,    // nothing placed: the CQ is full (an overrun), or the races were lost
+	placed,
+	event,   // placed, and it fired the CQ's arm: the caller raises the event
+};
+
+// Appends a completion, and with `notify` learns whether it fires the CQ's
+// arm. Full when the CQ is, or after `max_tries` lost races (the daemon
+// bounds them: a process could forge the ring's sequence numbers to keep it
+// looping); a big slot the completion carries is then free again.
+inline CqPushed cq_place(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload, unsigned max_tries,
+			 bool notify)
 {
 	auto tail = atomic(ring->tail);
 	__u64 pos = tail.load(std::memory_order_relaxed);
@@ -161,14 +202,28 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 			if (pos - head >= ring->cqe)
 				break;
 #endif
-			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+			// seq_cst: with arm_sees_tail the CAS is the fence between
+			// claiming the slot and reading `armed`.
+			if (tail.compare_exchange_weak(pos, pos + 1, std::memory_order_seq_cst,
+						       std::memory_order_relaxed)) {
+				const bool early = notify && cq_arm_sees_tail(ring);
+				const bool event = early && cq_take_arm(ring, cqe);
 				std::memcpy(reinterpret_cast<char *>(slot) + sizeof(slot->seq),
 					    reinterpret_cast<const char *>(&cqe) + sizeof(cqe.seq),
 					    sizeof(cqe) - sizeof(cqe.seq));
+				// The payload is written after the CAS, not before it: a
+				// locked instruction waits for the stores ahead of it, and
+				// those to a slot the consumer read last lap each wait for
+				// the line to come back from its cache. Here they drain while
+				// the producer goes on.
 				if (payload.count)
-					gather(cq_payload(ring, pos), payload);
+					gather(cqe.flags & XSRC_CQE_DEFERRED_BIG ? cq_big_payload(ring, cqe.big_slot)
+										 : cq_payload(ring, pos),
+					       payload);
 				atomic(slot->seq).store(pos + 1, std::memory_order_release);
-				return true;
+				if (notify && !early)
+					return cq_consume_arm(ring, cqe) ? CqPushed::event : CqPushed::placed;
+				return event ? CqPushed::event : CqPushed::placed;
 			}
 		} else if (dif < 0) {
 			break;
@@ -178,6 +233,53 @@ inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload =
 	}
 	if (cqe.flags & XSRC_CQE_DEFERRED_BIG)
 		cq_big_release(ring, cqe.big_slot);
+	return CqPushed::full;
+}
+
+// Appends a completion and learns whether it fires the CQ's arm.
+inline CqPushed cq_push_notify(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
+			       unsigned max_tries = kUnboundedTries)
+{
+	return cq_place(ring, cqe, payload, max_tries, true);
+}
+
+// Appends a completion, as cq_push_notify() but blind to the arm: false
+// when nothing was placed.
+inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
+		    unsigned max_tries = kUnboundedTries)
+{
+	return cq_place(ring, cqe, payload, max_tries, false) != CqPushed::full;
+}
+
+// How long cq_arm() waits for a completion claimed but not yet published
+// (a producer between its CAS and its seq store, normally nanoseconds).
+inline constexpr unsigned kArmWaitSpins = 4096;
+
+// Arms the CQ for `mode` as a consumer that set arm_sees_tail must
+// (revision 11, xsrc-queues.h), the consumer being at position `from` or
+// past it. A completion claimed before the arm but not yet published may
+// have read `armed` before it: we wait for it a little, so that the poll
+// after arming sees it. True when one is still not published after that
+// and this call consumed the arm: the caller raises the event.
+inline bool cq_arm(xsrc_cq_ring *ring, uint32_t mode, uint64_t from)
+{
+	atomic(ring->armed).store(mode, std::memory_order_seq_cst);
+	const uint64_t tail = atomic(ring->tail).load(std::memory_order_seq_cst);
+	const uint64_t n = ring->num_entries;
+	if (tail - from > n)
+		from = tail - n;  // a forged tail or position: one lap at most
+	for (uint64_t pos = from; pos != tail; ++pos) {
+		auto seq = atomic(cq_slot(ring, pos)->seq);
+		for (unsigned spins = 0; seq.load(std::memory_order_acquire) == pos; ++spins) {
+			if (spins == kArmWaitSpins) {
+				uint32_t armed = mode;
+				// Else its producer fired the arm, or it was re-armed.
+				return atomic(ring->armed).compare_exchange_strong(armed, XSRC_CQ_ARMED_NONE,
+										 std::memory_order_acq_rel);
+			}
+			cpu_relax();
+		}
+	}
 	return false;
 }
 
@@ -209,21 +311,6 @@ inline bool cq_first_overrun(xsrc_cq_ring *ring)
 	return atomic(ring->overflow).exchange(1, std::memory_order_acq_rel) == 0;
 }
 
-// After cq_push() placed `cqe`: does it fire the CQ's armed event? If so the
-// arm is consumed (one event per arming). The fence pairs with the seq_cst
-// store that arms the CQ: either we see the arm, or the owner's poll after
-// arming sees this completion.
-inline bool cq_consume_arm(xsrc_cq_ring *ring, const xsrc_cqe &cqe)
-{
-	std::atomic_thread_fence(std::memory_order_seq_cst);
-	auto armed = atomic(ring->armed);
-	uint32_t mode = armed.load(std::memory_order_acquire);
-	if (mode == XSRC_CQ_ARMED_NONE)
-		return false;
-	bool wanted = mode == XSRC_CQ_ARMED_NEXT || (cqe.flags & XSRC_CQE_SOLICITED) ||
-		      cqe.status != IBV_WC_SUCCESS;
-	return wanted && armed.compare_exchange_strong(mode, XSRC_CQ_ARMED_NONE, std::memory_order_acq_rel);
-}
 
 // A CQ ring's one consumer, in the consumer's own memory: the ring's shape,
 // read once (the header shares a cache line with `tail`, which every

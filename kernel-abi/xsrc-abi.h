@@ -50,8 +50,10 @@
  * Revision 9 checks a device copy into a receive against the receive
  * posted: XSRC_CMD_RECV_SHADOW, struct xsrc_copy_recv.
  * Revision 10 lets a CQ's consumer publish its head lazily: the arena
- * header's eager_heads and xsrc_get_context_resp::cq_head_mode. */
-#define XSRC_DRIVER_ABI_REVISION 10
+ * header's eager_heads and xsrc_get_context_resp::cq_head_mode.
+ * Revision 11 lets a CQ's consumer arm it so that producers need no fence
+ * behind each completion: xsrc_cq_ring::arm_sees_tail (xsrc-queues.h). */
+#define XSRC_DRIVER_ABI_REVISION 11
 
 /* The core uverbs ABI xsrcd serves (class/infiniband_verbs/abi_version). */
 #define XSRC_UVERBS_ABI_VERSION 6

@@ -177,6 +177,22 @@ struct xsrc_srq_entry {
  * full fence, then read eager_heads; the daemon: raise eager_heads, a full
  * fence, then read the slots).
  */
+/*
+ * Revision 11: when to read `armed`. A producer appends, then reads `armed`
+ * to learn whether its completion raises the CQ's event; the consumer arms,
+ * then polls. Each side's write must be seen by the other side's read, or
+ * an event is lost. Before revision 11 (and while arm_sees_tail is 0) the
+ * producer publishes its completion, makes a full fence, then reads
+ * `armed`; that fence waits for every store before it, the payload too. A
+ * consumer that sets arm_sees_tail stores `armed` (seq_cst), then reads
+ * `tail` and looks at the slots from its position to there: a slot claimed
+ * but not published (seq == its position) is a producer that may have read
+ * `armed` before the arm. It waits a little for such a slot; one still not
+ * published then fires the arm itself (it consumes it and raises the
+ * event). So a producer that finds arm_sees_tail set reads `armed` right
+ * after the CAS that claims its slot (seq_cst: the CAS is its full fence)
+ * and publishes with no fence behind.
+ */
 struct xsrc_cq_ring {
 	__u32 num_entries;    /* power of two, >= cqe + 1 */
 	__u32 cqe;            /* the CQ's size as the application asked for it */
@@ -191,7 +207,9 @@ struct xsrc_cq_ring {
 	__u32 big_stride;     /* bytes per big payload slot */
 	__u32 big_polled;     /* atomic; the owner's provider sets it: it places
 			       * XSRC_CQE_DEFERRED_BIG payloads. Never set: no one sends them */
-	__u32 reserved2;
+	__u32 arm_sees_tail;  /* r11 (was reserved, always 0 before); atomic; the
+			       * owner's provider sets it: its arming looks at the
+			       * completions claimed but not yet published (below) */
 	__u64 reserved3;
 	/* struct xsrc_cqe entries[num_entries] follow (64-byte aligned), then
 	 * num_entries payload slots of payload_stride bytes each, then (r5) the

@@ -217,6 +217,13 @@ int cmd_req_notify_cq(Context &ctx, Caller &, const Request &req)
 		return refuse(EINVAL, "no such CQ handle");
 	xsrc_cq_ring &ring = ctx.device->arena->at<xsrc_cq_ring>(cq->ring_off);
 	uint32_t mode = cmd.solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
+	// A consumer that arms with the tail in view (revision 11) has producers
+	// that rely on it; the published head is at or behind its position.
+	if (cq_arm_sees_tail(&ring)) {
+		if (cq_arm(&ring, mode, load_acquire(ring.head)))
+			post_completion_event(ctx, *cq);
+		return 0;
+	}
 	atomic(ring.armed).store(mode, std::memory_order_seq_cst);
 	return 0;
 }

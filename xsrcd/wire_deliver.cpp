@@ -215,13 +215,17 @@ void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe)
 	auto *ring = &dev.arena->at<xsrc_cq_ring>(cq.ring_off);
 	if (!cq_ring_fits(*dev.arena, cq.ring_off, *ring))
 		return;  // a forged ring: its owner gets nothing more from us
-	if (!cq_push(ring, cqe, {}, kRingTries)) {
+	switch (cq_push_notify(ring, cqe, {}, kRingTries)) {
+	case CqPushed::full:
 		if (cq_first_overrun(ring))
 			post_cq_event(owner, cq, IBV_EVENT_CQ_ERR);
-		return;
-	}
-	if (cq_consume_arm(ring, cqe))
+		break;
+	case CqPushed::event:
 		post_completion_event(owner, cq);
+		break;
+	case CqPushed::placed:
+		break;
+	}
 }
 
 // After a receive was taken from an SRQ: its limit event, once per arming.

@@ -171,12 +171,29 @@ void cq_accept_big_payloads(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t off)
 #endif
 }
 
+// Whether our CQs arm with their tail in view (revision 11, xsrc-queues.h),
+// so that their producers need no fence behind each completion.
+bool cq_arms_with_tail([[maybe_unused]] const xsrc_context *ctx)
+{
+#if XSRC_DRIVER_ABI_REVISION >= 11
+	return ctx->driver_abi >= 11;
+#else
+	return false;
+#endif
+}
+
 xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
 	if (!ring || !ring->num_entries)
 		return nullptr;
 	cq_accept_big_payloads(ctx, ring, off);
+#if XSRC_DRIVER_ABI_REVISION >= 11
+	// Before the application can arm it: xsrc_req_notify_cq looks at the
+	// tail from the first arming on.
+	if (cq_arms_with_tail(ctx))
+		xsrc::store_release(ring->arm_sees_tail, 1u);
+#endif
 	return ring;
 }
 
@@ -292,6 +309,7 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		return false;
 	}
 	cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
+	cq->arm_sees_tail = cq_arms_with_tail(ctx);
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -458,12 +476,24 @@ int xsrc_poll_cq(ibv_cq *ibcq, int num_entries, ibv_wc *wc) noexcept
 }
 
 // Arming is a store the producers see: no command, as on an HCA's doorbell.
+// A ring we said arms with its tail in view (revision 11) also looks at the
+// completions claimed from our position on but not yet published.
 int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 {
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
-	atomic(cq->ring()->armed).store(solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT,
-				      std::memory_order_seq_cst);
-	xsrc_wire_armed(to_xsrc_ctx(ibcq->context));
+	xsrc_context *ctx = to_xsrc_ctx(ibcq->context);
+	const uint32_t mode = solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
+	if (cq->arm_sees_tail) {
+		std::lock_guard guard(cq->poll_lock);
+		xsrc_cq_ring *ring = cq->ring();
+		if (xsrc::cq_arm(ring, mode, cq->consumer.pos()))
+			xsrc_context_raise_event(
+				ctx, XSRC_EVENT_CQ_COMPLETION,
+				static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base));
+	} else {
+		atomic(cq->ring()->armed).store(mode, std::memory_order_seq_cst);
+	}
+	xsrc_wire_armed(ctx);
 	return 0;
 }
 
@@ -491,12 +521,15 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 {
 	if (!ring_off)
 		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
-	if (!xsrc::cq_push(ring, cqe, payload)) {
+	switch (xsrc::cq_push_notify(ring, cqe, payload)) {
+	case xsrc::CqPushed::full:
 		if (xsrc::cq_first_overrun(ring))
 			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_ERR, ring_off);
-		return;
-	}
-	// req_notify_cq arms with a seq_cst store (cq_consume_arm pairs with it).
-	if (xsrc::cq_consume_arm(ring, cqe))
+		break;
+	case xsrc::CqPushed::event:
 		xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, ring_off);
+		break;
+	case xsrc::CqPushed::placed:
+		break;
+	}
 }

@@ -267,11 +267,10 @@ bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const i
 	int slot = xsrc::cq_big_claim(ring, r.qp->qpn);
 	if (slot < 0)
 		return false;
-	xsrc::gather(xsrc::cq_big_payload(ring, static_cast<uint32_t>(slot)), payload);
 	c.flags |= XSRC_CQE_DEFERRED_BIG;
 	c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
 	c.big_slot = static_cast<uint8_t>(slot);
-	responder_complete(ctx, r, c);
+	responder_complete(ctx, r, c, payload);  // the payload goes to the big slot
 	return true;
 #else
 	return false;

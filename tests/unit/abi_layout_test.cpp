@@ -236,7 +236,7 @@ const Pin kPins[] = {
 	XSRC_PIN_FIELD(xsrc_cq_ring, big_slots, 40, 4),
 	XSRC_PIN_FIELD(xsrc_cq_ring, big_stride, 44, 4),
 	XSRC_PIN_FIELD(xsrc_cq_ring, big_polled, 48, 4),
-	XSRC_PIN_FIELD(xsrc_cq_ring, reserved2, 52, 4),
+	XSRC_PIN_FIELD(xsrc_cq_ring, arm_sees_tail, 52, 4),  // r11, was reserved2
 	XSRC_PIN_FIELD(xsrc_cq_ring, reserved3, 56, 8),
 	XSRC_PIN_STRUCT(xsrc_cqe, 64, 8),
 	XSRC_PIN_FIELD(xsrc_cqe, seq, 0, 8),
