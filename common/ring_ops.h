@@ -47,10 +47,12 @@ struct CqPayload {
 // cache-line boundary on, x86's string move stores whole lines without
 // reading them first (ERMSB), where vector stores each fetch the line back
 // from the consumer's cache: ib_send_bw 1 KiB 3.0 -> 3.5 M msg/s on this VM.
+// Only where both ends start a line: a UD datagram's payload, after its
+// 40-byte GRH, lost 18 % with it.
 inline void copy_to_slot(unsigned char *dst, const void *src, size_t len)
 {
 #if defined(__x86_64__)
-	if (len >= 512 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+	if (len >= 512 && (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 64 == 0) {
 		asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(len) : : "memory");
 		return;
 	}
