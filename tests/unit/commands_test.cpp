@@ -437,6 +437,21 @@ TEST_F(CommandsTest, CqValidationAndDestroyCounts)
 	arm.solicited_only = 1;
 	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0);
 	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_SOLICITED));
+	// Revision 11 arming reads the slots from the head to the tail: not of a
+	// ring whose forged shape reaches past the arena (it would fault).
+	const xsrc_cq_ring shape = ring;
+	ring.arm_sees_tail = 1;
+	ring.num_entries = 0x80000000u;
+	ring.head = 1;
+	ring.tail = 0x40000000u;
+	arm.solicited_only = 0;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0);
+	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_NEXT));
+	ring.num_entries = shape.num_entries;
+	ring.head = shape.head;
+	ring.tail = shape.tail;
+	EXPECT_EQ(run(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ, arm), 0) << "a sane ring, with the tail in view";
+	EXPECT_EQ(ring.armed, uint32_t(XSRC_CQ_ARMED_NEXT));
 
 	ib_uverbs_resize_cq_resp rr{};
 	ib_uverbs_resize_cq resize{};
