@@ -309,7 +309,6 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		return false;
 	}
 	cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
-	cq->arm_sees_tail = cq_arms_with_tail(ctx);
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -483,7 +482,7 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	xsrc_cq *cq = to_xsrc_cq(ibcq);
 	xsrc_context *ctx = to_xsrc_ctx(ibcq->context);
 	const uint32_t mode = solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
-	if (cq->arm_sees_tail) {
+	if (cq_arms_with_tail(ctx)) {
 		std::lock_guard guard(cq->poll_lock);
 		xsrc_cq_ring *ring = cq->ring();
 		if (xsrc::cq_arm(ring, mode, cq->consumer.pos()))

@@ -253,7 +253,6 @@ struct xsrc_cq {
 	xsrc::CqConsumer old;        // after a resize that moved the ring: drained first; else no ring
 	std::vector<xsrc_cq_discard> discards;  // under poll_lock
 	xsrc_td_lock poll_lock;      // the ring has a single consumer
-	bool arm_sees_tail = false;  // our rings arm as revision 11 has it (cq.cpp)
 	xsrc_parent_domain *parent_domain; // IBV_CQ_INIT_ATTR_MASK_PD, else null
 	// Polls so far: a QP that posts twice with no poll between is streaming
 	// (requester.cpp defers its small WQEs into batches).
