@@ -278,15 +278,17 @@ inline constexpr unsigned kArmWaitSpins = 4096;
 // have read `armed` before it: we wait for it a little, so that the poll
 // after arming sees it. True when one is still not published after that
 // and this call consumed the arm: the caller raises the event.
-inline bool cq_arm(xsrc_cq_ring *ring, uint32_t mode, uint64_t from)
+// `entries` is the ring's size as the caller knows it (a power of two), not
+// its num_entries: another process may write that under us.
+inline bool cq_arm(xsrc_cq_ring *ring, uint64_t entries, uint32_t mode, uint64_t from)
 {
 	atomic(ring->armed).store(mode, std::memory_order_seq_cst);
 	const uint64_t tail = atomic(ring->tail).load(std::memory_order_seq_cst);
-	const uint64_t n = ring->num_entries;
-	if (tail - from > n)
-		from = tail - n;  // a forged tail or position: one lap at most
+	if (tail - from > entries)
+		from = tail - entries;  // a forged tail or position: one lap at most
+	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
 	for (uint64_t pos = from; pos != tail; ++pos) {
-		auto seq = atomic(cq_slot(ring, pos)->seq);
+		auto seq = atomic(slots[pos & (entries - 1)].seq);
 		for (unsigned spins = 0; seq.load(std::memory_order_acquire) == pos; ++spins) {
 			if (spins == kArmWaitSpins) {
 				uint32_t armed = mode;
@@ -359,6 +361,8 @@ public:
 	xsrc_cq_ring *ring() const { return ring_; }
 	// The position of the next completion (one past the last taken).
 	uint64_t pos() const { return pos_; }
+	// The ring's size as read when it was opened.
+	uint32_t entries() const { return num_entries_; }
 	// The sequence word of the slot the next completion lands in: pos() + 1
 	// there says it has (take() would return it).
 	const __u64 *next_seq() const { return &slots_[pos_ & (num_entries_ - 1)].seq; }

@@ -219,10 +219,11 @@ int cmd_req_notify_cq(Context &ctx, Caller &, const Request &req)
 	uint32_t mode = cmd.solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
 	// A consumer that arms with the tail in view (revision 11) has producers
 	// that rely on it; the published head is at or behind its position. The
-	// slots are read only of a ring whose shape fits its allocation (the
-	// arena is anyone's to write).
-	if (cq_arm_sees_tail(&ring) && cq_ring_fits(*ctx.device->arena, cq->ring_off, ring)) {
-		if (cq_arm(&ring, mode, load_acquire(ring.head)))
+	// slots are read only of a ring whose shape fits its allocation, and by
+	// the shape that was checked (the arena is anyone's to write).
+	const xsrc_cq_ring shape = ring;
+	if (cq_arm_sees_tail(&shape) && cq_ring_fits(*ctx.device->arena, cq->ring_off, shape)) {
+		if (cq_arm(&ring, shape.num_entries, mode, load_acquire(ring.head)))
 			post_completion_event(ctx, *cq);
 		return 0;
 	}

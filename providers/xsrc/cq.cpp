@@ -11,6 +11,12 @@ namespace {
 
 using xsrc::atomic;
 
+// Where a ring lies in the device arena: what CQ events name it by.
+uint64_t arena_offset(const xsrc_context *ctx, const xsrc_cq_ring *ring)
+{
+	return static_cast<uint64_t>(reinterpret_cast<const unsigned char *>(ring) - ctx->arena.base);
+}
+
 void cq_to_wc(const xsrc_cqe &c, ibv_wc &wc)
 {
 	wc = {};
@@ -485,10 +491,8 @@ int xsrc_req_notify_cq(ibv_cq *ibcq, int solicited_only)
 	if (cq_arms_with_tail(ctx)) {
 		std::lock_guard guard(cq->poll_lock);
 		xsrc_cq_ring *ring = cq->ring();
-		if (xsrc::cq_arm(ring, mode, cq->consumer.pos()))
-			xsrc_context_raise_event(
-				ctx, XSRC_EVENT_CQ_COMPLETION,
-				static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base));
+		if (xsrc::cq_arm(ring, cq->consumer.entries(), mode, cq->consumer.pos()))
+			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_COMPLETION, arena_offset(ctx, ring));
 	} else {
 		atomic(cq->ring()->armed).store(mode, std::memory_order_seq_cst);
 	}
@@ -519,7 +523,7 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 		      xsrc::CqPayload payload) noexcept
 {
 	if (!ring_off)
-		ring_off = static_cast<uint64_t>(reinterpret_cast<unsigned char *>(ring) - ctx->arena.base);
+		ring_off = arena_offset(ctx, ring);
 	switch (xsrc::cq_push_notify(ring, cqe, payload)) {
 	case xsrc::CqPushed::full:
 		if (xsrc::cq_first_overrun(ring))

@@ -281,7 +281,7 @@ struct ArmedRing : Ring {
 TEST(CqArm, AProducerAfterTheArmFiresItOnce)
 {
 	ArmedRing r;
-	EXPECT_FALSE(cq_arm(r.ring(), XSRC_CQ_ARMED_NEXT, 0)) << "nothing in flight";
+	EXPECT_FALSE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_NEXT, 0)) << "nothing in flight";
 	EXPECT_EQ(cq_push_notify(r.ring(), cqe_for(0)), CqPushed::event);
 	EXPECT_EQ(r.ring()->armed, uint32_t(XSRC_CQ_ARMED_NONE));
 	EXPECT_EQ(cq_push_notify(r.ring(), cqe_for(1)), CqPushed::placed) << "one event per arming";
@@ -290,12 +290,12 @@ TEST(CqArm, AProducerAfterTheArmFiresItOnce)
 TEST(CqArm, SolicitedOnlyFiresForSolicitedAndErrorCompletions)
 {
 	ArmedRing r;
-	EXPECT_FALSE(cq_arm(r.ring(), XSRC_CQ_ARMED_SOLICITED, 0));
+	EXPECT_FALSE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_SOLICITED, 0));
 	EXPECT_EQ(cq_push_notify(r.ring(), cqe_for(0)), CqPushed::placed);
 	xsrc_cqe failed = cqe_for(1);
 	failed.status = IBV_WC_REM_ACCESS_ERR;
 	EXPECT_EQ(cq_push_notify(r.ring(), failed), CqPushed::event);
-	EXPECT_FALSE(cq_arm(r.ring(), XSRC_CQ_ARMED_SOLICITED, 0)) << "both published: the poll sees them";
+	EXPECT_FALSE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_SOLICITED, 0)) << "both published: the poll sees them";
 	xsrc_cqe solicited = cqe_for(2);
 	solicited.flags = XSRC_CQE_SOLICITED;
 	EXPECT_EQ(cq_push_notify(r.ring(), solicited), CqPushed::event);
@@ -305,7 +305,7 @@ TEST(CqArm, ACompletionPublishedBeforeTheArmIsLeftToThePoll)
 {
 	ArmedRing r;
 	ASSERT_EQ(cq_push_notify(r.ring(), cqe_for(0)), CqPushed::placed);
-	EXPECT_FALSE(cq_arm(r.ring(), XSRC_CQ_ARMED_NEXT, 0));
+	EXPECT_FALSE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_NEXT, 0));
 	EXPECT_EQ(r.ring()->armed, uint32_t(XSRC_CQ_ARMED_NEXT)) << "still armed for the next one";
 }
 
@@ -315,14 +315,27 @@ TEST(CqArm, ACompletionClaimedBeforeTheArmAndNotPublishedFiresIt)
 {
 	ArmedRing r;
 	r.claim_unpublished();
-	EXPECT_TRUE(cq_arm(r.ring(), XSRC_CQ_ARMED_SOLICITED, 0));
+	EXPECT_TRUE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_SOLICITED, 0));
 	EXPECT_EQ(r.ring()->armed, uint32_t(XSRC_CQ_ARMED_NONE)) << "the arm was consumed";
 	r.publish(0);
 	CqConsumer consumer(r.ring());
 	xsrc_cqe out;
 	EXPECT_TRUE(consumer.take(out, anywhere));
 	// Taken positions are not in flight, whatever the position told.
-	EXPECT_FALSE(cq_arm(r.ring(), XSRC_CQ_ARMED_NEXT, 0));
+	EXPECT_FALSE(cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_NEXT, 0));
+}
+
+// The ring header is in the arena, which another process may write: a
+// forged num_entries and tail make the arm scan no further than the ring
+// its caller knows (its consumer's shape, or the daemon's checked copy).
+TEST(CqArm, AForgedRingSizeScansOnlyTheRingTheCallerKnows)
+{
+	ArmedRing r;
+	const uint32_t entries = r.ring()->num_entries;
+	r.ring()->num_entries = 1u << 30;
+	r.ring()->tail = uint64_t(1) << 29;
+	EXPECT_FALSE(cq_arm(r.ring(), entries, XSRC_CQ_ARMED_NEXT, 0)) << "no slot of the ring is in flight";
+	EXPECT_EQ(r.ring()->armed, uint32_t(XSRC_CQ_ARMED_NEXT));
 }
 
 // Published while the arm waits: the poll after arming sees it, no event.
@@ -336,7 +349,7 @@ TEST(CqArm, ACompletionPublishedWhileTheArmWaitsIsLeftToThePoll)
 			cpu_relax();
 		r.publish(0);
 	});
-	bool fired = cq_arm(r.ring(), XSRC_CQ_ARMED_NEXT, 0);
+	bool fired = cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_NEXT, 0);
 	returned = true;
 	producer.join();
 	// On a loaded machine the producer may not run within the wait; then
@@ -396,7 +409,7 @@ TEST(CqArm, NoEventIsLostBetweenAProducerAndAnArmingConsumer)
 			for (unsigned n = rng() % 256; n; --n)
 				cpu_relax();
 			uint64_t seen = events.load();
-			bool fired = flag ? cq_arm(r.ring(), XSRC_CQ_ARMED_NEXT, consumer.pos())
+			bool fired = flag ? cq_arm(r.ring(), r.ring()->num_entries, XSRC_CQ_ARMED_NEXT, consumer.pos())
 					  : (atomic(r.ring()->armed).store(XSRC_CQ_ARMED_NEXT), false);
 			if (!consumer.take(c, anywhere)) {  // the poll after arming found nothing
 				++waits;
