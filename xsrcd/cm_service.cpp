@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "cm_state.h"
 #include "common/fd.h"
@@ -77,12 +76,6 @@ std::optional<sockaddr_storage> route_source(const sockaddr_storage &dst)
 		return std::nullopt;
 	set_port(from, 0);
 	return from;
-}
-
-std::mt19937 &rng()
-{
-	static std::mt19937 gen{std::random_device{}()};
-	return gen;
 }
 
 }  // namespace
@@ -442,7 +435,7 @@ int State::take_port(Id &id, uid_t uid, bool)
 	uint16_t port = port_of(id.src);
 	if (port == 0) {
 		const unsigned range = kEphemeralHigh - kEphemeralLow + 1;
-		unsigned start = rng()() % range;
+		unsigned start = rng() % range;
 		for (unsigned i = 0; i < range && !port; ++i) {
 			uint16_t p = static_cast<uint16_t>(kEphemeralLow + (start + i) % range);
 			auto owners = ports.find({space, p});
@@ -726,7 +719,7 @@ int State::connect(Id &id, ConnParams params)
 	id.state = IdState::Connect;
 	id.active = true;
 	id.mine = std::move(params);
-	id.psn = rng()() & 0xffffff;
+	id.psn = rng() & 0xffffff;
 	if (id.remote) {  // another host's: REQ (or SIDR REQ) on the wire
 		if (id.qp_type == IBV_QPT_UD)
 			wire_connect_sidr(id);

@@ -270,6 +270,8 @@ public:
 	struct {
 		uint64_t mads_sent = 0, mads_resent = 0, mads_received = 0, mads_duplicate = 0, mads_bad = 0;
 	} counters;
+	// PSNs, ephemeral ports, MAD transaction ids, resend jitter.
+	std::mt19937_64 rng{std::random_device{}()};
 
 private:
 	uint32_t comm_salt_ = static_cast<uint32_t>(std::random_device{}());

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "cm_state.h"
 #include "log.h"
@@ -44,11 +43,14 @@ enum Attr : uint16_t {
 // A DREQ's or DREP's private data is neither sent nor read.
 constexpr size_t kReqPrivateAt = 140, kRepPrivateAt = 36, kRejPrivateAt = 84, kSidrReqPrivateAt = 16,
 		 kSidrRepPrivateAt = 96;
-// A MAD unanswered this long is sent again, at most kMadSends times in all:
-// a silent peer fails a connect in about 5 s. The REQ says the same to the
-// peer: a CM response timeout of 4.096 us * 2^18 (about 1 s), 4 retries.
+// A MAD unanswered this long, and up to a quarter longer at random, is sent
+// again, at most kMadSends times in all: a silent peer fails a connect in
+// 10 to 12.5 s. The REQ says the same to the peer: a CM response timeout of
+// 4.096 us * 2^18 (about 1 s), 9 retries. The random part keeps the resends
+// of several connections from going out in the same order every round: on a
+// link that loses every other packet, one of them then lost every send.
 constexpr auto kMadTimeout = std::chrono::milliseconds(1000);
-constexpr unsigned kMadSends = 5;
+constexpr unsigned kMadSends = 10;
 constexpr uint8_t kCmResponseTimeout = 18, kMaxCmRetries = kMadSends - 1;
 constexpr uint8_t kLocalAckTimeout = 17;
 constexpr uint16_t kPermissiveLid = 0xFFFF;
@@ -116,12 +118,6 @@ uint64_t mad_tid(const Mad &m)
 	for (int i = 0; i < 8; ++i)
 		tid = tid << 8 | m[8 + i];
 	return tid;
-}
-
-std::mt19937_64 &rng()
-{
-	static std::mt19937_64 gen{std::random_device{}()};
-	return gen;
 }
 
 uint64_t service_id(uint16_t space, uint16_t port) { return uint64_t(space) << 16 | port; }
@@ -399,6 +395,7 @@ void State::wire_resend(Id &id, std::chrono::milliseconds timeout)
 	if (peer.sends > 1)
 		counters.mads_resent++;
 	send_mad(id.route.sgid, peer.gid, peer.ifindex, peer.last);
+	timeout += std::chrono::milliseconds(static_cast<int64_t>(rng() % static_cast<uint64_t>(timeout.count() / 4 + 1)));
 	arm(id, timeout, [this](Id &self) {
 		if (!self.wire)
 			return;
@@ -423,7 +420,7 @@ Id *State::by_comm_id(uint32_t comm, const Gid &from)
 
 void State::wire_connect(Id &id)
 {
-	id.wire = WirePeer{id.route.dgid, id.local->device.netdev.ifindex, 0, rng()(), {}, 0, {}};
+	id.wire = WirePeer{id.route.dgid, id.local->device.netdev.ifindex, 0, rng(), {}, 0, {}};
 	id.cm = CmState::ReqSent;
 	const uint64_t sid = service_id(port_space(id), port_of(id.dst));
 	wire_send(id, bytes_of(req_mad(id, comm_id(id), id.wire->tid, sid)), true, [this](Id &self) {
@@ -473,7 +470,7 @@ void State::wire_disconnect(Id &id)
 	}
 	// DREQ, resent until the DREP comes or the retries run out.
 	id.cm = CmState::DreqSent;
-	id.wire->tid = rng()();
+	id.wire->tid = rng();
 	Mad dreq = ids_mad(kDreq, id.wire->tid, comm_id(id), id.wire->comm_id);
 	put24(dreq, 8, id.theirs.qp_num);
 	wire_send(id, bytes_of(dreq), true, [this](Id &self) {
@@ -503,7 +500,7 @@ void State::wire_teardown(Id &id)
 		send(rej_mad(p.tid, comm_id(id), p.comm_id, rejected_message(id.cm), kRejConsumerDefined, {}));
 		break;
 	case CmState::Established: {
-		Mad dreq = ids_mad(kDreq, rng()(), comm_id(id), p.comm_id);
+		Mad dreq = ids_mad(kDreq, rng(), comm_id(id), p.comm_id);
 		put24(dreq, 8, id.theirs.qp_num);
 		send(dreq);
 		break;
@@ -524,7 +521,7 @@ void State::wire_teardown(Id &id)
 
 void State::wire_connect_sidr(Id &id)
 {
-	id.wire = WirePeer{id.route.dgid, id.local->device.netdev.ifindex, 0, rng()(), {}, 0, {}};
+	id.wire = WirePeer{id.route.dgid, id.local->device.netdev.ifindex, 0, rng(), {}, 0, {}};
 	id.cm = CmState::SidrReqSent;
 	Mad m = new_mad(kSidrReq, id.wire->tid);
 	put32(m, 0, comm_id(id));
@@ -590,7 +587,7 @@ Id *new_wire_request(State &s, int ifindex, const Received &r, uint16_t space, c
 	req.route.tos = listener->tos.value_or(0);
 	req.route_resolved = true;
 	req.remote = true;
-	req.psn = static_cast<uint32_t>(rng()()) & w::kPsnMask;
+	req.psn = static_cast<uint32_t>(s.rng()) & w::kPsnMask;
 	req.wire = WirePeer{r.sgid, ifindex, get32(r.mad, 0), mad_tid(r.mad), {}, 0, {}};
 	if (!ud)
 		listener->backlog--;
