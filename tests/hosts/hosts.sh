@@ -7,6 +7,7 @@
 #
 #   hosts.sh up N        N hosts (2 or more) joined by a bridge
 #   hosts.sh run I CMD.. CMD on host I (1-based), with the device's environment
+#   hosts.sh daemon I    the pid of host I's xsrcd
 #   hosts.sh down        stop every host's daemon, remove namespaces and links
 #
 # Needs root, iproute2, util-linux (unshare, nsenter); $XSRC names the xsrc
@@ -95,6 +96,7 @@ run)
   i=$2; shift 2
   in_host "$i" env SYSFS_PATH=/run/xsrc/sysfs XSRC_RUNDIR=/run/xsrc "$@"
   ;;
+daemon) in_host "$2" cat /run/xsrc/xsrcd.pid ;;
 down) down ;;
-*) echo "usage: hosts.sh up N | run I CMD... | down" >&2; exit 2 ;;
+*) echo "usage: hosts.sh up N | run I CMD... | daemon I | down" >&2; exit 2 ;;
 esac

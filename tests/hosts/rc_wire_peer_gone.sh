@@ -38,7 +38,7 @@ gone_mid_run() {
   sleep 2
   case $how in
   link) ip -n "$XSRC_HOSTS_PREFIX-1" link set "$(host_if 1)" down ;;
-  daemon) kill -9 "$("$hosts" run 1 cat /run/xsrc/xsrcd.pid)" ;;
+  daemon) kill -9 "$("$hosts" daemon 1)" ;;
   esac
   local start=$SECONDS
   wait "$client"; rc=$?

@@ -18,7 +18,7 @@ xsrcd=$(dirname "$XSRC")/xsrcd
 # xsrcd (/proc/TID/stat: field 40 the real-time priority, 41 the policy).
 fifo_threads() {
   local pid t
-  pid=$("$hosts" run "$1" cat /run/xsrc/xsrcd.pid)
+  pid=$("$hosts" daemon "$1")
   [ -n "$pid" ] || { bad "host $1 has no xsrcd.pid"; return; }
   for t in /proc/"$pid"/task/*; do
     awk -v tid="${t##*/}" '$41 == 1 { print tid ":" $40 }' "$t/stat"
