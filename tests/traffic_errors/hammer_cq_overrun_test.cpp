@@ -54,33 +54,9 @@ TEST_F(Hammer, FetchAddFromTwoProcesses)
 	uint64_t pcq = peer_cq();
 	PeerMr counter = peer_mr(4096, kAllAccess, 0);
 	Buffer *results = me().buffer(per_process * 8, IBV_ACCESS_LOCAL_WRITE, 0xFF);
-	ASSERT_LE(per_process * 8, other.scratch_size);
-	memset(other.scratch, 0xFF, per_process * 8);
-	Msg smr = other.call(Msg("scratch_mr").set("access", IBV_ACCESS_LOCAL_WRITE));
-
-	std::vector<ibv_qp *> qps;
-	std::vector<ibv_cq *> cqs;
-	std::string other_qps, other_cqs;
-	PairOpts o;
-	o.caps.max_send_wr = 64;
-	for (int i = 0; i < kPairs; ++i) {
-		cqs.push_back(me().cq(256));
-		qps.push_back(rc_pair(cqs.back(), cqs.back(), pcq, o).qp);
-		// other <-> peer
-		Msg ocq = other.call(Msg("cq").set("cqe", 256));
-		Msg oqp = other.call(Msg("qp").set("cq", ocq.u64("id")).set("max_send_wr", 64));
-		Msg pqp = peer().call(Msg("qp").set("cq", pcq));
-		other.call(Msg("connect").set("qp", oqp.u64("id")).set("remote_qpn", pqp.u64("qpn"))
-				   .set("gid", gid_hex(peer().gid)));
-		peer().call(Msg("connect").set("qp", pqp.u64("id")).set("remote_qpn", oqp.u64("qpn"))
-				    .set("gid", gid_hex(other.gid)));
-		other_qps += (i ? "," : "") + oqp.str("id");
-		other_cqs += (i ? "," : "") + ocq.str("id");
-	}
-	other.send(Msg("faa_hammer").set("qps", other_qps).set("cqs", other_cqs).set("threads", kThreads)
-			   .set("k", k).set("raddr", counter.addr + 8).set("rkey", counter.rkey)
-			   .set("result_mr", smr.u64("id")).set("timeout_ms", 60000));
-	HammerResult mine = faa_hammer(qps, cqs, kThreads, k, counter.addr + 8, counter.rkey,
+	TwoRequesters two = two_requesters(other, pcq, kPairs, per_process);
+	two.start(kThreads, k, counter.addr + 8, counter.rkey);
+	HammerResult mine = faa_hammer(two.qps, two.cqs, kThreads, k, counter.addr + 8, counter.rkey,
 				       reinterpret_cast<uint64_t *>(results->data), results->lkey(), 60s);
 	HammerResult theirs = hammer_from_msg(other.reply(70s));
 	expect_clean(mine, per_process, "test process");
@@ -89,11 +65,9 @@ TEST_F(Hammer, FetchAddFromTwoProcesses)
 		<< "final counter";
 	std::vector<uint64_t> orig(reinterpret_cast<uint64_t *>(results->data),
 				   reinterpret_cast<uint64_t *>(results->data) + per_process);
-	orig.insert(orig.end(), other.scratch, other.scratch + per_process);
+	two.add_originals(orig, per_process);
 	EXPECT_TRUE(originals_are_a_permutation(orig));
-	bool ok = false;
-	EXPECT_EQ(other.finish(&ok), "");
-	EXPECT_TRUE(ok);
+	two.finish();
 }
 
 // As FetchAddOneCounter with most atomics unsignaled (every 8th signaled):
@@ -110,32 +84,9 @@ TEST_F(Hammer, FetchAddBatchesAgainstSingleOps)
 	uint64_t pcq = peer_cq();
 	PeerMr counter = peer_mr(4096, kAllAccess, 0);
 	Buffer *results = me().buffer(mine_total * 8, IBV_ACCESS_LOCAL_WRITE, 0xFF);
-	ASSERT_LE(theirs_total * 8, other.scratch_size);
-	memset(other.scratch, 0xFF, theirs_total * 8);
-	Msg smr = other.call(Msg("scratch_mr").set("access", IBV_ACCESS_LOCAL_WRITE));
-
-	std::vector<ibv_qp *> qps;
-	std::vector<ibv_cq *> cqs;
-	std::string other_qps, other_cqs;
-	PairOpts o;
-	o.caps.max_send_wr = 128;
-	for (int i = 0; i < kPairs; ++i) {
-		cqs.push_back(me().cq(256));
-		qps.push_back(rc_pair(cqs.back(), cqs.back(), pcq, o).qp);
-		Msg ocq = other.call(Msg("cq").set("cqe", 256));
-		Msg oqp = other.call(Msg("qp").set("cq", ocq.u64("id")).set("max_send_wr", 64));
-		Msg pqp = peer().call(Msg("qp").set("cq", pcq));
-		other.call(Msg("connect").set("qp", oqp.u64("id")).set("remote_qpn", pqp.u64("qpn"))
-				   .set("gid", gid_hex(peer().gid)));
-		peer().call(Msg("connect").set("qp", pqp.u64("id")).set("remote_qpn", oqp.u64("qpn"))
-				    .set("gid", gid_hex(other.gid)));
-		other_qps += (i ? "," : "") + oqp.str("id");
-		other_cqs += (i ? "," : "") + ocq.str("id");
-	}
-	other.send(Msg("faa_hammer").set("qps", other_qps).set("cqs", other_cqs).set("threads", kThreads)
-			   .set("k", k / 2).set("raddr", counter.addr).set("rkey", counter.rkey)
-			   .set("result_mr", smr.u64("id")).set("timeout_ms", 60000));
-	HammerResult mine = faa_hammer(qps, cqs, kThreads, k, counter.addr, counter.rkey,
+	TwoRequesters two = two_requesters(other, pcq, kPairs, theirs_total, 128);
+	two.start(kThreads, k / 2, counter.addr, counter.rkey);
+	HammerResult mine = faa_hammer(two.qps, two.cqs, kThreads, k, counter.addr, counter.rkey,
 				       reinterpret_cast<uint64_t *>(results->data), results->lkey(), 60s, 48, kEvery,
 				       kWords);
 	HammerResult theirs = hammer_from_msg(other.reply(70s));
@@ -163,12 +114,10 @@ TEST_F(Hammer, FetchAddBatchesAgainstSingleOps)
 			if (static_cast<int>(i % k) % kWords == w)
 				orig.push_back(r[i]);
 		if (w == 0)
-			orig.insert(orig.end(), other.scratch, other.scratch + theirs_total);
+			two.add_originals(orig, theirs_total);
 		EXPECT_TRUE(originals_are_a_permutation(orig)) << "word " << w;
 	}
-	bool ok = false;
-	EXPECT_EQ(other.finish(&ok), "");
-	EXPECT_TRUE(ok);
+	two.finish();
 }
 
 // N pairs whose peer QPs share one SRQ, 2 sending threads per QP: every

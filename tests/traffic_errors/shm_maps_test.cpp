@@ -147,33 +147,10 @@ TEST_F(ShmMaps, AtomicsOnTheMappingAndThroughTheDeviceSumExactly)
 	uint64_t pcq = peer_cq();
 	PeerMr seg = peer_shm_mr(peer(), 4096, kShmAccess, 0);
 	Buffer *results = me().buffer(per_process * 8, IBV_ACCESS_LOCAL_WRITE, 0xFF);
-	ASSERT_LE(per_process * 8, other.scratch_size);
-	memset(other.scratch, 0xFF, per_process * 8);
-	Msg smr = other.call(Msg("scratch_mr").set("access", IBV_ACCESS_LOCAL_WRITE));
-
-	std::vector<ibv_qp *> qps;
-	std::vector<ibv_cq *> cqs;
-	std::string other_qps, other_cqs;
-	PairOpts o;
-	o.caps.max_send_wr = 64;
-	for (int i = 0; i < kPairs; ++i) {
-		cqs.push_back(me().cq(256));
-		qps.push_back(rc_pair(cqs.back(), cqs.back(), pcq, o).qp);
-		Msg ocq = other.call(Msg("cq").set("cqe", 256));
-		Msg oqp = other.call(Msg("qp").set("cq", ocq.u64("id")).set("max_send_wr", 64));
-		Msg pqp = peer().call(Msg("qp").set("cq", pcq));
-		other.call(Msg("connect").set("qp", oqp.u64("id")).set("remote_qpn", pqp.u64("qpn"))
-				   .set("gid", gid_hex(peer().gid)));
-		peer().call(Msg("connect").set("qp", pqp.u64("id")).set("remote_qpn", oqp.u64("qpn"))
-				    .set("gid", gid_hex(other.gid)));
-		other_qps += (i ? "," : "") + oqp.str("id");
-		other_cqs += (i ? "," : "") + ocq.str("id");
-	}
+	TwoRequesters two = two_requesters(other, pcq, kPairs, per_process);
 	size_t before = sysv_mappings();
-	other.send(Msg("faa_hammer").set("qps", other_qps).set("cqs", other_cqs).set("threads", kThreads)
-			   .set("k", k).set("raddr", seg.addr + 8).set("rkey", seg.rkey)
-			   .set("result_mr", smr.u64("id")).set("timeout_ms", 60000));
-	HammerResult mine = faa_hammer(qps, cqs, kThreads, k, seg.addr + 8, seg.rkey,
+	two.start(kThreads, k, seg.addr + 8, seg.rkey);
+	HammerResult mine = faa_hammer(two.qps, two.cqs, kThreads, k, seg.addr + 8, seg.rkey,
 				       reinterpret_cast<uint64_t *>(results->data), results->lkey(), 60s);
 	HammerResult theirs = hammer_from_msg(other.reply(70s));
 	expect_clean(mine, per_process, "test process (mapped)");
@@ -183,13 +160,11 @@ TEST_F(ShmMaps, AtomicsOnTheMappingAndThroughTheDeviceSumExactly)
 		<< "final counter";
 	std::vector<uint64_t> orig(reinterpret_cast<uint64_t *>(results->data),
 				   reinterpret_cast<uint64_t *>(results->data) + per_process);
-	orig.insert(orig.end(), other.scratch, other.scratch + per_process);
+	two.add_originals(orig, per_process);
 	EXPECT_TRUE(originals_are_a_permutation(orig));
 	EXPECT_EQ(peer_bad_bytes(seg, 0, 0, 8), 0u) << "bytes before the counter";
 	EXPECT_EQ(peer_bad_bytes(seg, 0, 16), 0u) << "bytes after the counter";
-	bool ok = false;
-	EXPECT_EQ(other.finish(&ok), "");
-	EXPECT_TRUE(ok);
+	two.finish();
 }
 
 // XSRC_SHM_MAPS=0: the same WRITE works and attaches nothing.

@@ -187,6 +187,62 @@ protected:
 		ibv_cq *cq = me().cq(64, ch);
 		return {ch, cq, me().buffer(4096, IBV_ACCESS_LOCAL_WRITE, kSrcFill)};
 	}
+	// Two requester processes on the peer's memory: `pairs` RC pairs from us
+	// (a CQ each, our send queues `max_send_wr` deep) and as many from
+	// `other`, whose faa_hammer writes its originals into its scratch
+	// (`other_ops` of them, 0xFF until then).
+	struct TwoRequesters {
+		Peer &other;
+		std::vector<ibv_qp *> qps;  // ours, and their CQs
+		std::vector<ibv_cq *> cqs;
+		std::string other_qps, other_cqs;  // ids in `other`, comma-separated
+		uint64_t other_results = 0;        // the MR over other's scratch
+
+		// Sets `other` doing `k` FETCH_AND_ADD(+1) per thread on raddr;
+		// its HammerResult is hammer_from_msg(other.reply(...)).
+		void start(int threads, int k, uint64_t raddr, uint32_t rkey)
+		{
+			other.send(Msg("faa_hammer").set("qps", other_qps).set("cqs", other_cqs).set("threads", threads)
+					   .set("k", k).set("raddr", raddr).set("rkey", rkey)
+					   .set("result_mr", other_results).set("timeout_ms", 60000));
+		}
+		// Appends other's first `n` originals to `to`.
+		void add_originals(std::vector<uint64_t> &to, uint64_t n) const
+		{
+			to.insert(to.end(), other.scratch, other.scratch + n);
+		}
+		void finish()
+		{
+			bool ok = false;
+			EXPECT_EQ(other.finish(&ok), "");
+			EXPECT_TRUE(ok);
+		}
+	};
+	TwoRequesters two_requesters(Peer &other, uint64_t pcq, int pairs, uint64_t other_ops,
+				     uint32_t max_send_wr = 64)
+	{
+		TwoRequesters r{other, {}, {}, {}, {}, 0};
+		EXPECT_LE(other_ops * 8, other.scratch_size);
+		memset(other.scratch, 0xFF, std::min<uint64_t>(other_ops * 8, other.scratch_size));
+		r.other_results = other.call(Msg("scratch_mr").set("access", IBV_ACCESS_LOCAL_WRITE)).u64("id");
+		PairOpts o;
+		o.caps.max_send_wr = max_send_wr;
+		for (int i = 0; i < pairs; ++i) {
+			r.cqs.push_back(me().cq(256));
+			r.qps.push_back(rc_pair(r.cqs.back(), r.cqs.back(), pcq, o).qp);
+			Msg ocq = other.call(Msg("cq").set("cqe", 256));
+			Msg oqp = other.call(Msg("qp").set("cq", ocq.u64("id")).set("max_send_wr", 64));
+			Msg pqp = peer().call(Msg("qp").set("cq", pcq));
+			other.call(Msg("connect").set("qp", oqp.u64("id")).set("remote_qpn", pqp.u64("qpn"))
+					   .set("gid", gid_hex(peer().gid)));
+			peer().call(Msg("connect").set("qp", pqp.u64("id")).set("remote_qpn", oqp.u64("qpn"))
+					    .set("gid", gid_hex(other.gid)));
+			r.other_qps += (i ? "," : "") + oqp.str("id");
+			r.other_cqs += (i ? "," : "") + ocq.str("id");
+		}
+		return r;
+	}
+
 	// The pair options of the RNR cases: our rnr_retry, the responder's min_rnr_timer.
 	static PairOpts rnr_opts(uint8_t rnr_retry, uint8_t min_rnr_timer)
 	{
