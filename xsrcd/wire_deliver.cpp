@@ -210,12 +210,12 @@ constexpr unsigned kRingTries = 1024;
 
 // Appends `cqe` to the CQ and wakes its channel if armed for it (as the
 // provider's xsrc_cq_complete does, with the daemon's own event calls).
-void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe)
+void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe, CqPayload payload = {})
 {
 	auto *ring = &dev.arena->at<xsrc_cq_ring>(cq.ring_off);
 	if (!cq_ring_fits(*dev.arena, cq.ring_off, *ring))
 		return;  // a forged ring: its owner gets nothing more from us
-	switch (cq_push_notify(ring, cqe, {}, kRingTries)) {
+	switch (cq_push_notify(ring, cqe, payload, kRingTries)) {
 	case CqPushed::full:
 		if (cq_first_overrun(ring))
 			post_cq_event(owner, cq, IBV_EVENT_CQ_ERR);
@@ -226,6 +226,13 @@ void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe)
 	case CqPushed::placed:
 		break;
 	}
+}
+
+// Whether `len` bytes (at least one) fit a payload slot of the CQ's ring.
+bool slot_fits(Device &dev, const Cq &cq, uint64_t len)
+{
+	const auto &ring = dev.arena->at<xsrc_cq_ring>(cq.ring_off);
+	return len && len <= load_acquire(ring.payload_stride);
 }
 
 // After a receive was taken from an SRQ: its limit event, once per arming.
@@ -639,7 +646,12 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t n = 0;
 	ibv_wc_status status = receive_slice(dev, owner, side->pd, st.receive, st.offset, pk.payload.size(), remote, n);
-	if (status == IBV_WC_SUCCESS && !place(dev, owner, st, pk, remote.data(), n))
+	// A SEND Only that fits one receive buffer and the CQ ring's payload
+	// slot rides in the slot, as a same-host SEND does: the owner's poll
+	// places it, with no process_vm_writev of ours.
+	const bool ride = status == IBV_WC_SUCCESS && is_send_first(o) && is_send_last(o) && n == 1 &&
+			  slot_fits(dev, *side->cq, pk.payload.size());
+	if (status == IBV_WC_SUCCESS && !ride && !place(dev, owner, st, pk, remote.data(), n))
 		status = IBV_WC_LOC_PROT_ERR;
 	if (status != IBV_WC_SUCCESS) {
 		st.in_send = st.have_receive = false;
@@ -662,7 +674,14 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 		c.flags |= XSRC_CQE_SOLICITED;
 	st.in_send = st.have_receive = false;
 	st.msn = (st.msn + 1) & w::kPsnMask;
-	complete(dev, owner, *side->cq, c);
+	if (!ride) {
+		complete(dev, owner, *side->cq, c);
+		return Step::ok;
+	}
+	c.flags |= XSRC_CQE_DEFERRED;
+	c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
+	iovec bytes{const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()};
+	complete(dev, owner, *side->cq, c, {&bytes, 1});
 	return Step::ok;
 }
 

@@ -125,7 +125,13 @@ protected:
 	{
 		xsrc_cqe c;
 		CqConsumer consumer(&arena().at<xsrc_cq_ring>(cq0_ring));
-		if (!consumer.take(c, [](uint64_t, uint32_t) { return false; }))
+		// A payload that rides in the ring is placed only inside `buf`, as
+		// an owner's poll places it only inside its own MRs.
+		auto in_buf = [this](uint64_t va, uint32_t len) {
+			const auto at = reinterpret_cast<uintptr_t>(buf);
+			return va >= at && len <= sizeof(buf) && va - at <= sizeof(buf) - len;
+		};
+		if (!consumer.take(c, in_buf))
 			return std::nullopt;
 		consumer.publish();
 		return c;
@@ -470,6 +476,41 @@ TEST_F(WireRcTest, SendFirstMiddleLastFillsOneReceive)
 	EXPECT_EQ(buf[0], 1);
 	EXPECT_EQ(buf[8], 2);
 	EXPECT_EQ(buf[20], 3);
+}
+
+// A SEND Only that fits one receive buffer and the CQ ring's payload slot
+// rides in the slot with its completion: xsrcd writes nothing into the
+// owner's memory, the owner's poll places it.
+TEST_F(WireRcTest, SendOnlyIntoOneBufferRidesInTheCqSlot)
+{
+	post_rc_recv();
+	EXPECT_EQ(send_rc(w::op::kSendOnly, kModifyRqPsn, {}, std::vector<uint8_t>(8, 7)), WireOutcome::delivered);
+	EXPECT_EQ(buf[0], 0) << "xsrcd wrote the payload itself";
+	auto c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->byte_len, 8u);
+	EXPECT_TRUE(c->flags & XSRC_CQE_DEFERRED);
+	EXPECT_EQ(buf[0], 7);
+	EXPECT_EQ(buf[7], 7);
+	EXPECT_EQ(buf[8], 0);
+}
+
+// Spread over two receive buffers, a SEND Only is written by xsrcd, before
+// its completion is taken.
+TEST_F(WireRcTest, SendOnlyOverTwoBuffersIsWrittenByTheDaemon)
+{
+	xsrc_sge sge[2] = {{reinterpret_cast<uintptr_t>(buf), 4, lkey}, {reinterpret_cast<uintptr_t>(buf + 64), 8, lkey}};
+	ASSERT_TRUE(recv_push(rc_rq(), 9, sge, 2));
+	EXPECT_EQ(send_rc(w::op::kSendOnly, kModifyRqPsn, {}, std::vector<uint8_t>(8, 5)), WireOutcome::delivered);
+	EXPECT_EQ(buf[3], 5);
+	EXPECT_EQ(buf[4], 0);
+	EXPECT_EQ(buf[67], 5);
+	auto c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->byte_len, 8u);
+	EXPECT_FALSE(c->flags & XSRC_CQE_DEFERRED);
 }
 
 TEST_F(WireRcTest, PacketFromAnotherGidThanThePeersIsDropped)
