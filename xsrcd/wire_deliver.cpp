@@ -335,9 +335,11 @@ WireOutcome deliver_ud_to(Device &dev, const Packet &pk, Qp *qp, Context *ownerp
 	std::array<iovec, XSRC_MAX_RECV_SGE> remote;
 	size_t nremote;
 	ibv_wc_status st = scatter(dev, owner, side->pd, rwqe, len, remote, nremote);
-	if (st == IBV_WC_SUCCESS) {
-		iovec local[2] = {{grh.data(), grh.size()},
-				  {const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()}};
+	iovec local[2] = {{grh.data(), grh.size()}, {const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()}};
+	// Into one buffer and small enough, it rides in the CQ ring's payload
+	// slot, as an RC SEND Only does (respond_send).
+	const bool ride = st == IBV_WC_SUCCESS && nremote == 1 && slot_fits(dev, *side->cq, len);
+	if (st == IBV_WC_SUCCESS && !ride) {
 		ssize_t n = process_vm_writev(owner.owner, local, 2, remote.data(), nremote, 0);
 		if (n != static_cast<ssize_t>(len))
 			st = IBV_WC_LOC_PROT_ERR;
@@ -354,7 +356,13 @@ WireOutcome deliver_ud_to(Device &dev, const Packet &pk, Qp *qp, Context *ownerp
 		if (pk.bth.solicited)
 			c.flags |= XSRC_CQE_SOLICITED;
 	}
-	complete(dev, owner, *side->cq, c);
+	if (!ride) {
+		complete(dev, owner, *side->cq, c);
+		return WireOutcome::delivered;
+	}
+	c.flags |= XSRC_CQE_DEFERRED;
+	c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
+	complete(dev, owner, *side->cq, c, {local, 2});
 	return WireOutcome::delivered;
 }
 

@@ -183,6 +183,22 @@ TEST_F(WireDeliverTest, UdSendLandsAfterTheIpv4HeaderAsGrh)
 	EXPECT_EQ(buf[kGrh + 13], 0);  // nothing past the payload (the pad stays out)
 }
 
+// A datagram whose GRH and payload fit one receive buffer and the CQ ring's
+// payload slot rides in the slot: xsrcd writes nothing into the owner's
+// memory, the owner's poll places both.
+TEST_F(WireDeliverTest, UdDatagramIntoOneBufferRidesInTheCqSlot)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	EXPECT_EQ(deliver({.qpn = qp.qpn}), WireOutcome::delivered);
+	EXPECT_EQ(buf[kGrh], 0) << "xsrcd wrote the datagram itself";
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_TRUE(c->flags & XSRC_CQE_DEFERRED);
+	EXPECT_EQ(buf[kGrh], 0x5a);
+}
+
 TEST_F(WireDeliverTest, Ipv6GrhIsTheIpv6Header)
 {
 	to_rtr();
