@@ -32,8 +32,9 @@ public:
 	// Called after each batch of packets taken in at once, before their
 	// buffers are reused (the deliverer may hold on to them until then).
 	using BatchEnd = std::function<void()>;
-	// Called after each batch and when the time it last returned came (a
-	// CLOCK_MONOTONIC time in ns; 0: none): runs what is due by then.
+	// Called after each batch and once the time it returned came (a
+	// CLOCK_MONOTONIC time in ns; 0: none), within a millisecond after it
+	// when no packet comes first: runs what is due by then.
 	using Timer = std::function<uint64_t()>;
 	// Opens the sockets on netdev `ifindex` and starts the thread, under
 	// SCHED_FIFO at `priority` (1..99; 0: the normal policy). Returns null
