@@ -23,15 +23,20 @@ namespace xsrc {
 
 // --- CQ ring ---------------------------------------------------------------
 
+// The ring's first CQE: right behind its header.
+inline xsrc_cqe *cq_slots(xsrc_cq_ring *ring)
+{
+	return reinterpret_cast<xsrc_cqe *>(ring + 1);
+}
+
 inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
 {
-	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
-	return &slots[pos & (ring->num_entries - 1)];
+	return &cq_slots(ring)[pos & (ring->num_entries - 1)];
 }
 
 inline unsigned char *cq_payload(xsrc_cq_ring *ring, uint64_t pos)
 {
-	auto *slots = reinterpret_cast<unsigned char *>(cq_slot(ring, 0));
+	auto *slots = reinterpret_cast<unsigned char *>(cq_slots(ring));
 	return slots + uint64_t(ring->num_entries) * sizeof(xsrc_cqe) +
 	       (pos & (ring->num_entries - 1)) * ring->payload_stride;
 }
@@ -286,7 +291,7 @@ inline bool cq_arm(xsrc_cq_ring *ring, uint64_t entries, uint32_t mode, uint64_t
 	const uint64_t tail = atomic(ring->tail).load(std::memory_order_seq_cst);
 	if (tail - from > entries)
 		from = tail - entries;  // a forged tail or position: one lap at most
-	auto *slots = reinterpret_cast<xsrc_cqe *>(ring + 1);
+	xsrc_cqe *slots = cq_slots(ring);
 	for (uint64_t pos = from; pos != tail; ++pos) {
 		auto seq = atomic(slots[pos & (entries - 1)].seq);
 		for (unsigned spins = 0; seq.load(std::memory_order_acquire) == pos; ++spins) {
@@ -346,7 +351,7 @@ public:
 	// header's count, revision 10) the head is published lazily while that
 	// count is 0; without it at every publish().
 	explicit CqConsumer(xsrc_cq_ring *ring, const uint32_t *eager_heads = nullptr)
-		: ring_(ring), slots_(cq_slot(ring, 0)), payload_(cq_payload(ring, 0)),
+		: ring_(ring), slots_(cq_slots(ring)), payload_(cq_payload(ring, 0)),
 		  num_entries_(ring->num_entries), payload_stride_(ring->payload_stride),
 		  big_slots_(ring->big_slots), big_stride_(ring->big_stride),
 		  pos_(atomic(ring->head).load(std::memory_order_acquire)), published_(pos_),

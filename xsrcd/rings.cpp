@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/ring_ops.h"
 #include "common/tm_table.h"
 #include "objects.h"
 
@@ -14,11 +15,6 @@ constexpr uint32_t kSlotAlign = 64;
 static_assert(sizeof(xsrc_cq_ring) % kSlotAlign == 0, "CQEs follow the ring header 64-byte aligned");
 static_assert(sizeof(xsrc_recv_ring) % kSlotAlign == 0, "WQEs follow the ring header 64-byte aligned");
 static_assert(sizeof(xsrc_cqe) == 64, "one CQE per cache line");
-
-xsrc_cqe *cq_slots(xsrc_cq_ring &ring)
-{
-	return reinterpret_cast<xsrc_cqe *>(&ring + 1);
-}
 
 xsrc_recv_wqe &recv_slot(xsrc_recv_ring &ring, uint32_t i)
 {
@@ -61,7 +57,7 @@ void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owne
 	ring.payload_stride = XSRC_CQ_PAYLOAD_STRIDE;
 	ring.big_slots = big_slots;
 	ring.big_stride = big_slots ? XSRC_CQ_BIG_STRIDE : 0;
-	xsrc_cqe *slots = cq_slots(ring);
+	xsrc_cqe *slots = cq_slots(&ring);
 	for (uint32_t i = 0; i < entries; ++i)
 		store_release<__u64>(slots[i].seq, i);
 	store_release<__u64>(ring.head, 0);
