@@ -228,6 +228,15 @@ void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe, CqPayloa
 	}
 }
 
+// Appends `cqe` with `bytes` riding in its payload slot (slot_fits said they
+// fit), for the owner's poll to place at `to`, as a same-host SEND's are.
+void complete_riding(Device &dev, Context &owner, Cq &cq, xsrc_cqe cqe, const void *to, CqPayload bytes)
+{
+	cqe.flags |= XSRC_CQE_DEFERRED;
+	cqe.deferred_va = reinterpret_cast<uint64_t>(to);
+	complete(dev, owner, cq, cqe, bytes);
+}
+
 // Whether `len` bytes (at least one) fit a payload slot of the CQ's ring.
 bool slot_fits(Device &dev, const Cq &cq, uint64_t len)
 {
@@ -356,13 +365,10 @@ WireOutcome deliver_ud_to(Device &dev, const Packet &pk, Qp *qp, Context *ownerp
 		if (pk.bth.solicited)
 			c.flags |= XSRC_CQE_SOLICITED;
 	}
-	if (!ride) {
+	if (ride)
+		complete_riding(dev, owner, *side->cq, c, remote[0].iov_base, {local, 2});
+	else
 		complete(dev, owner, *side->cq, c);
-		return WireOutcome::delivered;
-	}
-	c.flags |= XSRC_CQE_DEFERRED;
-	c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
-	complete(dev, owner, *side->cq, c, {local, 2});
 	return WireOutcome::delivered;
 }
 
@@ -682,14 +688,11 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 		c.flags |= XSRC_CQE_SOLICITED;
 	st.in_send = st.have_receive = false;
 	st.msn = (st.msn + 1) & w::kPsnMask;
-	if (!ride) {
-		complete(dev, owner, *side->cq, c);
-		return Step::ok;
-	}
-	c.flags |= XSRC_CQE_DEFERRED;
-	c.deferred_va = reinterpret_cast<uint64_t>(remote[0].iov_base);
 	iovec bytes{const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()};
-	complete(dev, owner, *side->cq, c, {&bytes, 1});
+	if (ride)
+		complete_riding(dev, owner, *side->cq, c, remote[0].iov_base, {&bytes, 1});
+	else
+		complete(dev, owner, *side->cq, c);
 	return Step::ok;
 }
 

@@ -243,10 +243,11 @@ struct WireReceiver::Impl {
 	{
 		if (!due || (armed_at && armed_at <= due + kTimerSlackNs))
 			return;
+		const uint64_t fire = due + kTimerSlackNs / 2;
 		itimerspec at{};
-		at.it_value = timespec_of_ns(due + kTimerSlackNs / 2);
+		at.it_value = timespec_of_ns(fire);
 		if (timerfd_settime(timer.get(), TFD_TIMER_ABSTIME, &at, nullptr) == 0)
-			armed_at = due + kTimerSlackNs / 2;
+			armed_at = fire;
 	}
 };
 

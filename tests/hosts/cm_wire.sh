@@ -142,7 +142,7 @@ refused)
   [ $rc -ne 0 ] && [ $rc -ne 124 ] || bad "rping to a host without xsrcd: rc $rc"
   grep -q "UNREACHABLE" "$dir/client" || bad "rping to a host without xsrcd did not end UNREACHABLE"
   # xsrcd sends a REQ 10 times, 1 to 1.25 s apart (xsrcd/cm_wire.cpp).
-  [ $took -ge 10 ] && [ $took -le 20 ] || bad "a host without xsrcd: the connect took $took s, not 10 to 13"
+  [ $took -ge 10 ] && [ $took -le 20 ] || bad "a host without xsrcd: the connect took $took s, not 10 to 20"
   echo "ok: no daemon: failed in $took s"
   "$hosts" run 2 "$XSRC" status | grep -o "cm_mads[a-z_]*=[0-9]*" | tr '\n' ' '; echo
   ;;
