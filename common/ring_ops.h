@@ -29,16 +29,42 @@ inline xsrc_cqe *cq_slots(xsrc_cq_ring *ring)
 	return reinterpret_cast<xsrc_cqe *>(ring + 1);
 }
 
+// What a producer computes a CQ ring's addresses from. The header is in the
+// arena, which another process may write at any moment: the daemon reads it
+// once (cq_shape), checks that copy against the ring's allocation and places
+// by the copy, never by the header again.
+struct CqShape {
+	uint64_t entries = 0;  // a power of two
+	uint64_t payload_stride = 0;
+	uint64_t cqe = 0;      // the application's
+};
+
+inline CqShape cq_shape(const xsrc_cq_ring *ring)
+{
+	auto &r = const_cast<xsrc_cq_ring &>(*ring);
+	return {atomic(r.num_entries).load(std::memory_order_relaxed),
+		atomic(r.payload_stride).load(std::memory_order_relaxed), atomic(r.cqe).load(std::memory_order_relaxed)};
+}
+
+inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, const CqShape &shape, uint64_t pos)
+{
+	return &cq_slots(ring)[pos & (shape.entries - 1)];
+}
+
 inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, uint64_t pos)
 {
-	return &cq_slots(ring)[pos & (ring->num_entries - 1)];
+	return cq_slot(ring, cq_shape(ring), pos);
+}
+
+inline unsigned char *cq_payload(xsrc_cq_ring *ring, const CqShape &shape, uint64_t pos)
+{
+	auto *slots = reinterpret_cast<unsigned char *>(cq_slots(ring));
+	return slots + shape.entries * sizeof(xsrc_cqe) + (pos & (shape.entries - 1)) * shape.payload_stride;
 }
 
 inline unsigned char *cq_payload(xsrc_cq_ring *ring, uint64_t pos)
 {
-	auto *slots = reinterpret_cast<unsigned char *>(cq_slots(ring));
-	return slots + uint64_t(ring->num_entries) * sizeof(xsrc_cqe) +
-	       (pos & (ring->num_entries - 1)) * ring->payload_stride;
+	return cq_payload(ring, cq_shape(ring), pos);
 }
 
 // A payload that travels with a completion (XSRC_CQE_DEFERRED): gathered
@@ -145,13 +171,13 @@ inline constexpr unsigned kUnboundedTries = ~0u;
 // says the CQ is full may be stale. The completion `cqe` places before
 // `pos` tells the truth: once the consumer took it (its slot is free for the
 // next lap), fewer than `cqe` completions are outstanding.
-inline bool cq_room_behind_head(xsrc_cq_ring *ring, uint64_t pos)
+inline bool cq_room_behind_head(xsrc_cq_ring *ring, const CqShape &shape, uint64_t pos)
 {
-	if (pos < ring->cqe)
+	if (pos < shape.cqe)
 		return true;
-	uint64_t oldest = pos - ring->cqe;
-	uint64_t seq = atomic(cq_slot(ring, oldest)->seq).load(std::memory_order_acquire);
-	return static_cast<int64_t>(seq - oldest) >= static_cast<int64_t>(ring->num_entries);
+	uint64_t oldest = pos - shape.cqe;
+	uint64_t seq = atomic(cq_slot(ring, shape, oldest)->seq).load(std::memory_order_acquire);
+	return static_cast<int64_t>(seq - oldest) >= static_cast<int64_t>(shape.entries);
 }
 
 // The arm a completion `cqe` fires, if the CQ is armed for it, is consumed
@@ -195,17 +221,18 @@ enum class CqPushed {
 	event,   // placed, and it fired the CQ's arm: the caller raises the event
 };
 
-// Appends a completion, and with `notify` learns whether it fires the CQ's
-// arm. Full when the CQ is, or after `max_tries` lost races (the daemon
-// bounds them: a process could forge the ring's sequence numbers to keep it
-// looping); a big slot the completion carries is then free again.
-inline CqPushed cq_place(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload, unsigned max_tries,
-			 bool notify)
+// Appends a completion to the ring of `shape`, and with `notify` learns
+// whether it fires the CQ's arm. Full when the CQ is, or after `max_tries`
+// lost races (the daemon bounds them: a process could forge the ring's
+// sequence numbers to keep it looping); a big slot the completion carries is
+// then free again.
+inline CqPushed cq_place(xsrc_cq_ring *ring, const CqShape &shape, const xsrc_cqe &cqe, CqPayload payload,
+			 unsigned max_tries, bool notify)
 {
 	auto tail = atomic(ring->tail);
 	__u64 pos = tail.load(std::memory_order_relaxed);
 	for (unsigned tries = 0; tries != max_tries; ++tries) {
-		xsrc_cqe *slot = cq_slot(ring, pos);
+		xsrc_cqe *slot = cq_slot(ring, shape, pos);
 		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
 		int64_t dif = static_cast<int64_t>(seq - pos);
 		if (dif == 0) {
@@ -216,12 +243,12 @@ inline CqPushed cq_place(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payl
 				continue;
 			}
 #if XSRC_DRIVER_ABI_REVISION >= 10
-			if (pos - head >= ring->cqe && !cq_room_behind_head(ring, pos))
+			if (pos - head >= shape.cqe && !cq_room_behind_head(ring, shape, pos))
 				break;
 #else
 			// A provider built against older headers trusts the head,
 			// as one of that revision did (the compat tests).
-			if (pos - head >= ring->cqe)
+			if (pos - head >= shape.cqe)
 				break;
 #endif
 			// seq_cst: with arm_sees_tail the CAS is the fence between
@@ -240,7 +267,7 @@ inline CqPushed cq_place(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payl
 				// the producer goes on.
 				if (payload.count)
 					gather(cqe.flags & XSRC_CQE_DEFERRED_BIG ? cq_big_payload(ring, cqe.big_slot)
-										 : cq_payload(ring, pos),
+										 : cq_payload(ring, shape, pos),
 					       payload);
 				atomic(slot->seq).store(pos + 1, std::memory_order_release);
 				if (notify && !early)
@@ -262,7 +289,14 @@ inline CqPushed cq_place(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payl
 inline CqPushed cq_push_notify(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
 			       unsigned max_tries = kUnboundedTries)
 {
-	return cq_place(ring, cqe, payload, max_tries, true);
+	return cq_place(ring, cq_shape(ring), cqe, payload, max_tries, true);
+}
+
+// The same by a shape read and checked before (the daemon's).
+inline CqPushed cq_push_notify(xsrc_cq_ring *ring, const CqShape &shape, const xsrc_cqe &cqe, CqPayload payload,
+			       unsigned max_tries)
+{
+	return cq_place(ring, shape, cqe, payload, max_tries, true);
 }
 
 // Appends a completion, as cq_push_notify() but blind to the arm: false
@@ -270,7 +304,7 @@ inline CqPushed cq_push_notify(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayloa
 inline bool cq_push(xsrc_cq_ring *ring, const xsrc_cqe &cqe, CqPayload payload = {},
 		    unsigned max_tries = kUnboundedTries)
 {
-	return cq_place(ring, cqe, payload, max_tries, false) != CqPushed::full;
+	return cq_place(ring, cq_shape(ring), cqe, payload, max_tries, false) != CqPushed::full;
 }
 
 // How long cq_arm() waits for a completion claimed but not yet published
@@ -310,16 +344,17 @@ inline bool cq_arm(xsrc_cq_ring *ring, uint64_t entries, uint32_t mode, uint64_t
 // The consumer's position as the ring's slots tell it (the consumer frees
 // each slot it takes for the next lap, in order): what a head published
 // lazily lags behind. Raises `head` to it, never past `tail`; the daemon's
-// when the first context that trusts heads arrives (xsrc-queues.h).
-inline void cq_catch_up_head(xsrc_cq_ring *ring)
+// when the first context that trusts heads arrives (xsrc-queues.h). The
+// ring is read by `shape` (checked by the caller).
+inline void cq_catch_up_head(xsrc_cq_ring *ring, const CqShape &shape)
 {
-	const uint64_t n = ring->num_entries;
+	const uint64_t n = shape.entries;
 	auto head = atomic(ring->head);
 	__u64 seen = head.load(std::memory_order_acquire);
 	const uint64_t tail = atomic(ring->tail).load(std::memory_order_acquire);
 	__u64 taken = seen;
 	for (uint64_t i = 0; i < n; ++i) {
-		uint64_t seq = atomic(cq_slot(ring, i)->seq).load(std::memory_order_acquire);
+		uint64_t seq = atomic(cq_slot(ring, shape, i)->seq).load(std::memory_order_acquire);
 		// Free for position seq (seq == i mod n): position seq - n was taken.
 		if ((seq - i) % n == 0 && seq >= n && seq - n + 1 > taken && seq - n + 1 <= tail)
 			taken = seq - n + 1;
@@ -473,10 +508,28 @@ private:
 
 // --- receive ring ----------------------------------------------------------
 
-inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)
+// What a consumer computes a receive ring's slot addresses from: read once
+// by one that does not trust the ring's owner (the daemon), as CqShape.
+struct RecvShape {
+	uint64_t entries = 0;  // a power of two
+	uint64_t stride = 0;
+};
+
+inline RecvShape recv_shape(const xsrc_recv_ring *ring)
+{
+	auto &r = const_cast<xsrc_recv_ring &>(*ring);
+	return {atomic(r.num_entries).load(std::memory_order_relaxed), atomic(r.stride).load(std::memory_order_relaxed)};
+}
+
+inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, const RecvShape &shape, uint64_t pos)
 {
 	auto *slots = reinterpret_cast<unsigned char *>(ring + 1);
-	return reinterpret_cast<xsrc_recv_wqe *>(slots + (pos & (ring->num_entries - 1)) * ring->stride);
+	return reinterpret_cast<xsrc_recv_wqe *>(slots + (pos & (shape.entries - 1)) * shape.stride);
+}
+
+inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, uint64_t pos)
+{
+	return recv_slot(ring, recv_shape(ring), pos);
 }
 
 inline xsrc_sge *recv_sges(xsrc_recv_wqe *wqe)
@@ -533,14 +586,19 @@ struct RecvWqe {
 	uint64_t pos = 0;
 };
 
-// Claims the oldest posted receive (any process may consume). False if
-// none, or after `max_tries` lost races (as cq_push).
-inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kUnboundedTries)
+// Claims the oldest posted receive of the ring of `shape` (any process may
+// consume). False if none, or after `max_tries` lost races (as cq_push). A
+// slot that claims more SGEs than it holds yields none.
+inline bool recv_pop(xsrc_recv_ring *ring, const RecvShape &shape, RecvWqe &out,
+		     unsigned max_tries = kUnboundedTries)
 {
+	const uint64_t room = shape.stride > sizeof(xsrc_recv_wqe)
+				      ? (shape.stride - sizeof(xsrc_recv_wqe)) / sizeof(xsrc_sge) : 0;
+	const uint64_t max_sge = std::min<uint64_t>(room, XSRC_MAX_RECV_SGE);
 	auto head = atomic(ring->head);
 	__u64 pos = head.load(std::memory_order_relaxed);
 	for (unsigned tries = 0; tries != max_tries; ++tries) {
-		xsrc_recv_wqe *slot = recv_slot(ring, pos);
+		xsrc_recv_wqe *slot = recv_slot(ring, shape, pos);
 		uint64_t seq = atomic(slot->seq).load(std::memory_order_acquire);
 		int64_t dif = static_cast<int64_t>(seq - (pos + 1));
 		if (dif == 0) {
@@ -548,9 +606,10 @@ inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kU
 				out.wr_id = slot->wr_id;
 				out.from_ring = true;
 				out.pos = pos;
-				out.num_sge = slot->num_sge <= XSRC_MAX_RECV_SGE ? slot->num_sge : 0;
+				const uint32_t num_sge = slot->num_sge;
+				out.num_sge = num_sge <= max_sge ? num_sge : 0;
 				std::memcpy(out.sge, recv_sges(slot), out.num_sge * sizeof(xsrc_sge));
-				atomic(slot->seq).store(pos + ring->num_entries, std::memory_order_release);
+				atomic(slot->seq).store(pos + shape.entries, std::memory_order_release);
 				return true;
 			}
 		} else if (dif < 0) {
@@ -560,6 +619,11 @@ inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kU
 		}
 	}
 	return false;
+}
+
+inline bool recv_pop(xsrc_recv_ring *ring, RecvWqe &out, unsigned max_tries = kUnboundedTries)
+{
+	return recv_pop(ring, recv_shape(ring), out, max_tries);
 }
 
 }  // namespace xsrc

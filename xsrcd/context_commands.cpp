@@ -105,16 +105,16 @@ void count_eager_cq_heads(Context &ctx)
 	if (eager_heads(arena).fetch_add(1, std::memory_order_seq_cst) != 0)
 		return;
 	std::atomic_thread_fence(std::memory_order_seq_cst);
-	auto catch_up = [&arena](uint64_t off) {
-		auto &ring = arena.at<xsrc_cq_ring>(off);
-		if (cq_ring_fits(arena, off, ring))
-			cq_catch_up_head(&ring);
+	// By the shapes we made the rings with (their headers are anyone's to write).
+	auto catch_up = [&arena](uint64_t off, uint32_t entries) {
+		cq_catch_up_head(&arena.at<xsrc_cq_ring>(off), cq_ring_shape(entries, 0));
 	};
 	for (Context *c : ctx.device->contexts) {
 		for (auto &entry : c->objects) {
 			if (auto *cq = std::get_if<Cq>(&entry.second)) {
-				catch_up(cq->ring_off);
-				std::for_each(cq->retired_rings.begin(), cq->retired_rings.end(), catch_up);
+				catch_up(cq->ring_off, cq->ring_entries);
+				for (const Cq::Retired &r : cq->retired_rings)
+					catch_up(r.off, r.entries);
 			}
 		}
 	}

@@ -26,11 +26,10 @@ uint32_t cq_big_slots(const Context &ctx, const Arena &arena, uint32_t cqe, uint
 	return slots;
 }
 
-// A new ring for `cqe` entries, initialised; 0 when the arena is full.
-uint64_t create_cq_ring(Context &ctx, uint32_t cqe)
+// A new ring of `entries` for `cqe`, initialised; 0 when the arena is full.
+uint64_t create_cq_ring(Context &ctx, uint32_t cqe, uint32_t entries)
 {
 	Arena &arena = *ctx.device->arena;
-	uint32_t entries = cq_ring_entries(cqe);
 	uint32_t big_slots = cq_big_slots(ctx, arena, cqe, entries);
 	uint64_t off = arena.allocate(cq_ring_bytes(entries, big_slots));
 	if (off)
@@ -54,7 +53,8 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 		return err;
 	if (device_object_count<Cq>(*ctx.device) >= DeviceLimits::max_cq)
 		return refuse(ENOMEM, "limit: max_cq CQs on the device");
-	uint64_t ring_off = create_cq_ring(ctx, cqe);
+	const uint32_t entries = cq_ring_entries(cqe);
+	uint64_t ring_off = create_cq_ring(ctx, cqe, entries);
 	if (!ring_off)
 		return refuse(ENOMEM, "arena full");
 
@@ -63,6 +63,7 @@ int create_cq(Context &ctx, Caller &caller, const Request &req, uint64_t user_ha
 	cq.cqe = cqe;
 	cq.channel_fd = comp_channel;
 	cq.ring_off = ring_off;
+	cq.ring_entries = entries;
 	ib_uverbs_ex_create_cq_resp resp{};
 	if (int err = insert_object(ctx, std::move(cq), resp.base.cq_handle)) {
 		ctx.device->arena->release(ring_off);
@@ -145,8 +146,9 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 	// Would drop completions the owner has not polled.
 	if (cmd.cqe < cq_ring_pending(ring))
 		return refuse(EINVAL, "fewer entries than completions pending");
-	bool moves = uint64_t(cmd.cqe) + 1 > ring.num_entries;
-	uint64_t new_off = moves ? create_cq_ring(ctx, cmd.cqe) : cq->ring_off;
+	bool moves = uint64_t(cmd.cqe) + 1 > cq->ring_entries;
+	const uint32_t entries = moves ? cq_ring_entries(cmd.cqe) : cq->ring_entries;
+	uint64_t new_off = moves ? create_cq_ring(ctx, cmd.cqe, entries) : cq->ring_off;
 	if (!new_off)
 		return refuse(ENOMEM, "arena full");
 
@@ -166,8 +168,9 @@ int cmd_resize_cq(Context &ctx, Caller &caller, const Request &req)
 	}
 	xsrc_cq_ring &new_ring = arena.at<xsrc_cq_ring>(new_off);
 	store_release<__u32>(new_ring.armed, load_acquire(ring.armed));
-	cq->retired_rings.push_back(cq->ring_off);
+	cq->retired_rings.push_back({cq->ring_off, cq->ring_entries});
 	cq->ring_off = new_off;
+	cq->ring_entries = entries;
 	ctx.device->cqs_by_ring[new_off] = {&ctx, ObjHandle(cmd.cq_handle)};
 	repoint_queues(ctx, cmd.cq_handle, new_off);
 	return 0;
@@ -179,10 +182,10 @@ void release_cq(Context &ctx, uint32_t handle)
 	if (!cq)
 		return;
 	if (Device *dev = ctx.device) {
-		cq->retired_rings.push_back(cq->ring_off);
-		for (uint64_t off : cq->retired_rings) {
-			dev->cqs_by_ring.erase(off);
-			dev->arena->release(off);
+		cq->retired_rings.push_back({cq->ring_off, cq->ring_entries});
+		for (const Cq::Retired &r : cq->retired_rings) {
+			dev->cqs_by_ring.erase(r.off);
+			dev->arena->release(r.off);
 		}
 	}
 	erase_object(ctx, handle);
@@ -219,11 +222,9 @@ int cmd_req_notify_cq(Context &ctx, Caller &, const Request &req)
 	uint32_t mode = cmd.solicited_only ? XSRC_CQ_ARMED_SOLICITED : XSRC_CQ_ARMED_NEXT;
 	// A consumer that arms with the tail in view (revision 11) has producers
 	// that rely on it; the published head is at or behind its position. The
-	// slots are read only of a ring whose shape fits its allocation, and by
-	// the shape that was checked (the arena is anyone's to write).
-	const xsrc_cq_ring shape = ring;
-	if (cq_arm_sees_tail(&shape) && cq_ring_fits(*ctx.device->arena, cq->ring_off, shape)) {
-		if (cq_arm(&ring, shape.num_entries, mode, load_acquire(ring.head)))
+	// slots are those of the ring we made (its header is anyone's to write).
+	if (cq_arm_sees_tail(&ring)) {
+		if (cq_arm(&ring, cq->ring_entries, mode, load_acquire(ring.head)))
 			post_completion_event(ctx, *cq);
 		return 0;
 	}

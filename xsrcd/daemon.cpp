@@ -101,8 +101,7 @@ void Daemon::free_lock_words(Device &dev, pid_t pid)
 			const auto *srq = std::get_if<Srq>(&obj);
 			if (!srq || srq->srq_type != IBV_SRQT_TM)
 				continue;
-			uint64_t table = srq->ring_off +
-					 recv_ring_bytes(recv_ring_entries(srq->max_wr), recv_ring_stride(srq->max_sge));
+			uint64_t table = srq->ring_off + recv_ring_bytes(srq->ring_shape);
 			free_if_held_by(arena.at<xsrc_tm_table>(table).lock, pid);
 		}
 	auto *locks = &arena.at<uint32_t>(arena.header().atomic_locks_off);

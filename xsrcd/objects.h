@@ -122,9 +122,14 @@ struct Cq {
 	uint32_t comp_events_reported = 0;
 	uint32_t async_events_reported = 0;
 	uint64_t ring_off = 0;     // the current xsrc_cq_ring
+	uint32_t ring_entries = 0; // its size (ours: the header is anyone's to write)
 	// Rings a RESIZE_CQ replaced: the owner may still drain them, so they live
 	// (and stay known to RAISE_EVENT) as long as the CQ.
-	std::vector<uint64_t> retired_rings;
+	struct Retired {
+		uint64_t off = 0;
+		uint32_t entries = 0;
+	};
+	std::vector<Retired> retired_rings;
 	uint32_t use_count = 0;    // QPs completing into it
 };
 
@@ -285,6 +290,7 @@ struct Qp {
 	std::shared_ptr<XrcTgtQp> shared;     // XRC receive QPs only
 	uint32_t index = 0;          // QP table slot: qpn = XSRC_QPN_BASE + index
 	uint64_t rq_off = 0;         // own receive ring, 0 with an SRQ or without a receive queue
+	RecvShape rq_shape;          // its shape as we made it (the header is anyone's to write)
 	QpCaps caps;
 	QpAttributes attr;           // unused for XRC receive QPs (see attributes())
 	uint32_t events_reported = 0;   // async events delivered to this handle (DESTROY_QP reports it)
@@ -305,6 +311,7 @@ struct Srq {
 	std::optional<uint32_t> cq_handle;    // XRC SRQs: where their receives complete
 	uint32_t index = 0;          // SRQ table slot: srqn = XSRC_SRQN_BASE + index
 	uint64_t ring_off = 0;
+	RecvShape ring_shape;        // as we made it (max_wr may shrink below it)
 	uint32_t max_wr = 0;
 	uint32_t max_sge = 0;
 	uint32_t use_count = 0;      // QPs receiving through it

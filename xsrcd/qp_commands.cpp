@@ -174,15 +174,13 @@ void publish_qp(Context &ctx, const Qp &qp, const QpLinks &links)
 	store_release(e.state, xsrc_qp_state_encode(IBV_QPS_RESET));
 }
 
-// The receive ring of a QP without an SRQ: 0 when the arena is full.
-uint64_t create_rq_ring(Context &ctx, const QpCaps &caps)
+// The receive ring of a QP without an SRQ, of `shape`: 0 when the arena is full.
+uint64_t create_rq_ring(Context &ctx, const QpCaps &caps, const RecvShape &shape)
 {
 	Arena &arena = *ctx.device->arena;
-	uint32_t entries = recv_ring_entries(caps.max_recv_wr);
-	uint64_t off = arena.allocate(recv_ring_bytes(entries, recv_ring_stride(caps.max_recv_sge)));
+	uint64_t off = arena.allocate(recv_ring_bytes(shape));
 	if (off)
-		recv_ring_init(arena.at<xsrc_recv_ring>(off), entries, caps.max_recv_wr, caps.max_recv_sge,
-			       ctx.owner);
+		recv_ring_init(arena.at<xsrc_recv_ring>(off), shape, caps.max_recv_wr, caps.max_recv_sge, ctx.owner);
 	return off;
 }
 
@@ -276,8 +274,11 @@ int create_qp(Context &ctx, Caller &caller, const Request &req, const QpInit &re
 
 	Qp qp = new_qp(init, links);
 	bool own_rq = has_receive_side(init.qp_type) && !init.is_srq;
-	if (own_rq && !(qp.rq_off = create_rq_ring(ctx, qp.caps)))
-		return refuse(ENOMEM, "arena full");
+	if (own_rq) {
+		qp.rq_shape = recv_ring_shape(qp.caps.max_recv_wr, qp.caps.max_recv_sge);
+		if (!(qp.rq_off = create_rq_ring(ctx, qp.caps, qp.rq_shape)))
+			return refuse(ENOMEM, "arena full");
+	}
 	uint32_t handle;
 	if (int err = insert_object(ctx, qp, handle)) {
 		dev.arena->release(qp.rq_off);

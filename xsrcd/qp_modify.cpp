@@ -195,7 +195,7 @@ int modify_qp(Context &ctx, const ib_uverbs_modify_qp &request)
 	if (next == IBV_QPS_RESET) {
 		// Reset empties the queues; the state is already RESET for peers.
 		if (qp->rq_off)
-			recv_ring_reset(dev.arena->at<xsrc_recv_ring>(qp->rq_off));
+			recv_ring_reset(dev.arena->at<xsrc_recv_ring>(qp->rq_off), qp->rq_shape);
 		qp->last_wqe_reported = false;
 	}
 	if (next == IBV_QPS_ERR)

@@ -16,12 +16,6 @@ static_assert(sizeof(xsrc_cq_ring) % kSlotAlign == 0, "CQEs follow the ring head
 static_assert(sizeof(xsrc_recv_ring) % kSlotAlign == 0, "WQEs follow the ring header 64-byte aligned");
 static_assert(sizeof(xsrc_cqe) == 64, "one CQE per cache line");
 
-xsrc_recv_wqe &recv_slot(xsrc_recv_ring &ring, uint32_t i)
-{
-	auto *slots = reinterpret_cast<unsigned char *>(&ring + 1);
-	return *reinterpret_cast<xsrc_recv_wqe *>(slots + uint64_t(i) * ring.stride);
-}
-
 }  // namespace
 
 uint64_t pow2_at_least(uint64_t v)
@@ -70,18 +64,9 @@ uint64_t cq_ring_pending(xsrc_cq_ring &ring)
 	return load_acquire(ring.tail) - load_acquire(ring.head);
 }
 
-bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &r)
+CqShape cq_ring_shape(uint32_t entries, uint32_t cqe)
 {
-	uint64_t n = r.num_entries;
-	return n && (n & (n - 1)) == 0 &&
-	       sizeof(r) + n * (sizeof(xsrc_cqe) + uint64_t(r.payload_stride)) <= arena.allocation_bytes(off);
-}
-
-bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &r)
-{
-	uint64_t n = r.num_entries;
-	return n && (n & (n - 1)) == 0 && r.stride >= sizeof(xsrc_recv_wqe) &&
-	       sizeof(r) + n * r.stride <= arena.allocation_bytes(off);
+	return {entries, XSRC_CQ_PAYLOAD_STRIDE, cqe};
 }
 
 uint32_t recv_ring_entries(uint32_t max_wr)
@@ -102,16 +87,26 @@ uint64_t recv_ring_bytes(uint32_t entries, uint32_t stride)
 	return sizeof(xsrc_recv_ring) + uint64_t(entries) * stride;
 }
 
-void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uint32_t max_sge,
+RecvShape recv_ring_shape(uint32_t max_wr, uint32_t max_sge)
+{
+	return {recv_ring_entries(max_wr), recv_ring_stride(max_sge)};
+}
+
+uint64_t recv_ring_bytes(const RecvShape &shape)
+{
+	return sizeof(xsrc_recv_ring) + shape.entries * shape.stride;
+}
+
+void recv_ring_init(xsrc_recv_ring &ring, const RecvShape &shape, uint32_t max_wr, uint32_t max_sge,
 		    pid_t owner)
 {
-	ring.num_entries = entries;
-	ring.stride = recv_ring_stride(max_sge);
+	ring.num_entries = static_cast<__u32>(shape.entries);
+	ring.stride = static_cast<__u32>(shape.stride);
 	ring.max_wr = max_wr;
 	ring.max_sge = max_sge;
 	ring.owner_pid = static_cast<__u32>(owner);
 	store_release<__u32>(ring.srq_limit, 0);
-	recv_ring_reset(ring);
+	recv_ring_reset(ring, shape);
 }
 
 void tm_table_init(xsrc_tm_table &table, uint32_t num_tags, uint32_t max_sge)
@@ -125,12 +120,12 @@ void tm_table_init(xsrc_tm_table &table, uint32_t num_tags, uint32_t max_sge)
 	store_release<__u32>(table.lock, 0);
 }
 
-void recv_ring_reset(xsrc_recv_ring &ring)
+void recv_ring_reset(xsrc_recv_ring &ring, const RecvShape &shape)
 {
 	store_release<__u64>(ring.tail, 0);
 	store_release<__u64>(ring.head, 0);
-	for (uint32_t i = 0; i < ring.num_entries; ++i)
-		store_release<__u64>(recv_slot(ring, i).seq, i);
+	for (uint64_t i = 0; i < shape.entries; ++i)
+		store_release<__u64>(recv_slot(&ring, shape, i)->seq, i);
 }
 
 uint64_t recv_ring_pending(xsrc_recv_ring &ring)

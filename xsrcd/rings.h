@@ -8,11 +8,10 @@
 #include <cstdint>
 
 #include "common/atomic.h"
+#include "common/ring_ops.h"
 #include "xsrc-queues.h"
 
 namespace xsrc {
-
-class Arena;
 
 // Smallest power of two >= v (v >= 1).
 uint64_t pow2_at_least(uint64_t v);
@@ -29,11 +28,9 @@ uint64_t cq_ring_bytes(uint32_t entries, uint32_t big_slots = 0);
 void cq_ring_init(xsrc_cq_ring &ring, uint32_t entries, uint32_t cqe, pid_t owner, uint32_t big_slots = 0);
 // Completions produced and not yet consumed (as far as the head says).
 uint64_t cq_ring_pending(xsrc_cq_ring &ring);
-// The arena is writable by every process of the device: the geometry in a
-// ring's header must fit the allocation the daemon made for it before the
-// daemon indexes slots with it.
-bool cq_ring_fits(const Arena &arena, uint64_t off, const xsrc_cq_ring &ring);
-bool recv_ring_fits(const Arena &arena, uint64_t off, const xsrc_recv_ring &ring);
+// The arena is writable by every process of the device: the daemon indexes
+// a ring by the shape it made it with, never by what the header says now.
+CqShape cq_ring_shape(uint32_t entries, uint32_t cqe);
 
 // --- receive rings (QP receive queues, SRQs) --------------------------------
 
@@ -42,13 +39,18 @@ uint32_t recv_ring_entries(uint32_t max_wr);
 // sizeof(xsrc_recv_wqe) + max_sge SGEs, rounded up to 64 bytes.
 uint32_t recv_ring_stride(uint32_t max_sge);
 uint64_t recv_ring_bytes(uint32_t entries, uint32_t stride);
-// Initialises zeroed memory: slot i's seq = i, head = tail = 0, no SRQ limit.
-void recv_ring_init(xsrc_recv_ring &ring, uint32_t entries, uint32_t max_wr, uint32_t max_sge,
+// The ring for max_wr receives of max_sge SGEs (entries and stride as above).
+RecvShape recv_ring_shape(uint32_t max_wr, uint32_t max_sge);
+uint64_t recv_ring_bytes(const RecvShape &shape);
+// Initialises zeroed memory of `shape`: slot i's seq = i, head = tail = 0,
+// no SRQ limit.
+void recv_ring_init(xsrc_recv_ring &ring, const RecvShape &shape, uint32_t max_wr, uint32_t max_sge,
 		    pid_t owner);
 // A tag-matching SRQ's tag table (r7) in zeroed memory: every entry free.
 void tm_table_init(xsrc_tm_table &table, uint32_t num_tags, uint32_t max_sge);
-// Empties a ring in place (a QP that goes to RESET loses its posted WQEs).
-void recv_ring_reset(xsrc_recv_ring &ring);
+// Empties a ring of `shape` in place (a QP that goes to RESET loses its
+// posted WQEs).
+void recv_ring_reset(xsrc_recv_ring &ring, const RecvShape &shape);
 // WQEs posted and not yet consumed.
 uint64_t recv_ring_pending(xsrc_recv_ring &ring);
 

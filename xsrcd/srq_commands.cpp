@@ -70,8 +70,8 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	Device &dev = *ctx.device;
 	if (dev.srq_slots.used() >= DeviceLimits::max_srq)
 		return refuse(ENOMEM, "limit: max_srq SRQs on the device");
-	uint32_t entries = recv_ring_entries(init.max_wr);
-	uint64_t ring_bytes = recv_ring_bytes(entries, recv_ring_stride(init.max_sge));
+	const RecvShape shape = recv_ring_shape(init.max_wr, init.max_sge);
+	uint64_t ring_bytes = recv_ring_bytes(shape);
 	// A tagged buffer holds as many SGEs as a receive, and at least one.
 	uint32_t tag_sges = std::max(init.max_sge, 1u);
 	uint64_t tm_bytes = init.srq_type == IBV_SRQT_TM ? tm_table_bytes(init.max_num_tags, tag_sges) : 0;
@@ -79,10 +79,9 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	if (!ring_off)
 		return refuse(ENOMEM, "arena full");
 	xsrc_recv_ring &ring = dev.arena->at<xsrc_recv_ring>(ring_off);
-	recv_ring_init(ring, entries, init.max_wr, init.max_sge, ctx.owner);
+	recv_ring_init(ring, shape, init.max_wr, init.max_sge, ctx.owner);
 	if (tm_bytes)
-		tm_table_init(dev.arena->at<xsrc_tm_table>(tm_table_offset(ring_off, ring)), init.max_num_tags,
-			      tag_sges);
+		tm_table_init(dev.arena->at<xsrc_tm_table>(ring_off + ring_bytes), init.max_num_tags, tag_sges);
 
 	Srq srq;
 	srq.user_handle = init.user_handle;
@@ -93,6 +92,7 @@ int create_srq(Context &ctx, Caller &caller, const Request &req, const SrqInit &
 	if (cq)
 		srq.cq_handle = init.cq_handle;
 	srq.ring_off = ring_off;
+	srq.ring_shape = shape;
 	srq.max_wr = init.max_wr;
 	srq.max_sge = init.max_sge;
 	uint32_t handle;
@@ -181,7 +181,7 @@ int cmd_modify_srq(Context &ctx, Caller &, const Request &req)
 	if (cmd.attr_mask & IBV_SRQ_MAX_WR) {
 		if (cmd.max_wr == 0 || cmd.max_wr > DeviceLimits::max_srq_wr)
 			return refuse(EINVAL, "limit: max_wr is 0 or over max_srq_wr");
-		if (recv_ring_entries(cmd.max_wr) > ring.num_entries)  // keep the ring's slack
+		if (recv_ring_entries(cmd.max_wr) > srq->ring_shape.entries)  // keep the ring's slack
 			return refuse(EOPNOTSUPP, "max_wr past the ring: an SRQ does not grow");
 		if (cmd.max_wr < recv_ring_pending(ring))
 			return refuse(EINVAL, "max_wr below the receives pending");

@@ -210,12 +210,12 @@ constexpr unsigned kRingTries = 1024;
 
 // Appends `cqe` to the CQ and wakes its channel if armed for it (as the
 // provider's xsrc_cq_complete does, with the daemon's own event calls).
+// The ring is indexed by the shape we made it with: its header is in the
+// arena, which anyone may write under us.
 void complete(Device &dev, Context &owner, Cq &cq, const xsrc_cqe &cqe, CqPayload payload = {})
 {
 	auto *ring = &dev.arena->at<xsrc_cq_ring>(cq.ring_off);
-	if (!cq_ring_fits(*dev.arena, cq.ring_off, *ring))
-		return;  // a forged ring: its owner gets nothing more from us
-	switch (cq_push_notify(ring, cqe, payload, kRingTries)) {
+	switch (cq_push_notify(ring, cq_ring_shape(cq.ring_entries, cq.cqe), cqe, payload, kRingTries)) {
 	case CqPushed::full:
 		if (cq_first_overrun(ring))
 			post_cq_event(owner, cq, IBV_EVENT_CQ_ERR);
@@ -238,10 +238,9 @@ void complete_riding(Device &dev, Context &owner, Cq &cq, xsrc_cqe cqe, const vo
 }
 
 // Whether `len` bytes (at least one) fit a payload slot of the CQ's ring.
-bool slot_fits(Device &dev, const Cq &cq, uint64_t len)
+bool slot_fits(const Cq &cq, uint64_t len)
 {
-	const auto &ring = dev.arena->at<xsrc_cq_ring>(cq.ring_off);
-	return len && len <= load_acquire(ring.payload_stride);
+	return len && len <= cq_ring_shape(cq.ring_entries, cq.cqe).payload_stride;
 }
 
 // After a receive was taken from an SRQ: its limit event, once per arming.
@@ -258,6 +257,7 @@ struct ReceiveSide {
 	Cq *cq = nullptr;
 	Srq *srq = nullptr;
 	xsrc_recv_ring *ring = nullptr;
+	RecvShape shape;                     // as we made the ring (its header is anyone's to write)
 	const RecvShadow *shadow = nullptr;  // the owner's record of the ring's receives
 	PdId pd;
 };
@@ -280,8 +280,7 @@ std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp, con
 	if (!r.cq || !ring_off)
 		return std::nullopt;
 	r.ring = &dev.arena->at<xsrc_recv_ring>(ring_off);
-	if (!recv_ring_fits(*dev.arena, ring_off, *r.ring))
-		return std::nullopt;
+	r.shape = r.srq ? r.srq->ring_shape : qp.rq_shape;
 	r.shadow = r.srq ? &r.srq->recv_shadow : &qp.recv_shadow;
 	r.pd = pd_id_of(owner, r.srq ? std::optional<PdHandle>(r.srq->pd_handle) : qp.pd_handle);
 	return r;
@@ -293,7 +292,7 @@ std::optional<ReceiveSide> receive_side(Device &dev, Context &owner, Qp &qp, con
 bool take_receive(Context &owner, ReceiveSide &r, RecvWqe &rwqe)
 {
 	for (unsigned k = 0; k < kRingTries; ++k) {
-		if (!recv_pop(r.ring, rwqe, kRingTries))
+		if (!recv_pop(r.ring, r.shape, rwqe, kRingTries))
 			return false;
 		if (r.srq)
 			check_srq_limit(owner, *r.srq, r.ring);
@@ -347,7 +346,7 @@ WireOutcome deliver_ud_to(Device &dev, const Packet &pk, Qp *qp, Context *ownerp
 	iovec local[2] = {{grh.data(), grh.size()}, {const_cast<uint8_t *>(pk.payload.data()), pk.payload.size()}};
 	// Into one buffer and small enough, it rides in the CQ ring's payload
 	// slot, as an RC SEND Only does (respond_send).
-	const bool ride = st == IBV_WC_SUCCESS && nremote == 1 && slot_fits(dev, *side->cq, len);
+	const bool ride = st == IBV_WC_SUCCESS && nremote == 1 && slot_fits(*side->cq, len);
 	if (st == IBV_WC_SUCCESS && !ride) {
 		ssize_t n = process_vm_writev(owner.owner, local, 2, remote.data(), nremote, 0);
 		if (n != static_cast<ssize_t>(len))
@@ -664,7 +663,7 @@ Step respond_send(Device &dev, Context &owner, Qp &qp, WireResponderState &st, c
 	// slot rides in the slot, as a same-host SEND does: the owner's poll
 	// places it, with no process_vm_writev of ours.
 	const bool ride = status == IBV_WC_SUCCESS && is_send_first(o) && is_send_last(o) && n == 1 &&
-			  slot_fits(dev, *side->cq, pk.payload.size());
+			  slot_fits(*side->cq, pk.payload.size());
 	if (status == IBV_WC_SUCCESS && !ride && !place(dev, owner, st, pk, remote.data(), n))
 		status = IBV_WC_LOC_PROT_ERR;
 	if (status != IBV_WC_SUCCESS) {

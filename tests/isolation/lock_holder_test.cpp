@@ -126,8 +126,10 @@ std::string read_line(int fd, std::chrono::milliseconds limit)
 	return line;
 }
 
-// In a new PID namespace (pid 1 there): a TM SRQ; its SRQN goes out on
-// `out`, then on a byte from `in` one TAG_ADD, whose result goes out.
+// In a new PID namespace (pid 1 there): a TM SRQ, its max_wr then shrunk
+// below what its ring holds (the tag table stays where the ring put it); its
+// SRQN goes out on `out`, then on a byte from `in` one TAG_ADD, whose result
+// goes out.
 [[noreturn]] void tm_waiter(int in, int out)
 {
 	auto say = [out](const std::string &s) {
@@ -155,6 +157,12 @@ std::string read_line(int fd, std::chrono::milliseconds limit)
 	uint32_t srqn = 0;
 	if (!srq || ibv_get_srq_num(srq, &srqn)) {
 		say("no TM SRQ");
+		_exit(1);
+	}
+	ibv_srq_attr smaller{};
+	smaller.max_wr = 2;
+	if (ibv_modify_srq(srq, &smaller, IBV_SRQ_MAX_WR)) {
+		say("modify_srq failed");
 		_exit(1);
 	}
 	say("srqn " + std::to_string(srqn) + " pid " + std::to_string(getpid()));

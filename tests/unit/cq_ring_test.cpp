@@ -140,19 +140,19 @@ TEST(CqRing, TheDaemonCatchesAHeadUpFromTheSlots)
 		ASSERT_TRUE(consumer.take(c, anywhere));
 	consumer.publish();
 	ASSERT_EQ(r.ring()->head, 0u);
-	cq_catch_up_head(r.ring());
+	cq_catch_up_head(r.ring(), cq_shape(r.ring()));
 	EXPECT_EQ(r.ring()->head, 3u);
-	cq_catch_up_head(r.ring());
+	cq_catch_up_head(r.ring(), cq_shape(r.ring()));
 	EXPECT_EQ(r.ring()->head, 3u);
 
 	// A forged slot that claims a consumption beyond the tail is ignored.
 	const uint32_t n = r.ring()->num_entries;
 	atomic(cq_slot(r.ring(), 7)->seq).store(7 + 2 * uint64_t(n), std::memory_order_relaxed);
-	cq_catch_up_head(r.ring());
+	cq_catch_up_head(r.ring(), cq_shape(r.ring()));
 	EXPECT_EQ(r.ring()->head, 3u);
 	// A head already ahead of the slots stays.
 	atomic(r.ring()->head).store(5, std::memory_order_relaxed);
-	cq_catch_up_head(r.ring());
+	cq_catch_up_head(r.ring(), cq_shape(r.ring()));
 	EXPECT_EQ(r.ring()->head, 5u);
 }
 

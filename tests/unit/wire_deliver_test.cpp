@@ -368,29 +368,63 @@ TEST_F(WireDeliverTest, QpOnAnSrqTakesTheSrqsReceiveAndRaisesItsLimit)
 }
 
 // The rings are in the arena, which every process of the device may write:
-// geometry that does not fit the daemon's allocation is never indexed.
+// the daemon indexes them by the shape it made them with, never by what
+// their headers say (forged here far past the ring's allocation, and past
+// the arena's end), so it reaches nothing outside them.
 TEST_F(WireDeliverTest, ForgedReceiveRingGeometryIsNotUsed)
 {
 	to_rtr();
 	post_recv(sizeof(buf));
-	uint32_t entries = rq()->num_entries;
+	const xsrc_recv_ring made = *rq();
 	rq()->num_entries = 1u << 30;
-	EXPECT_EQ(deliver({}), WireOutcome::dropped);
-	rq()->num_entries = entries;
-	EXPECT_FALSE(completion());
-	EXPECT_EQ(recv_count(rq()), 1u);
+	rq()->stride = 1u << 30;
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	rq()->num_entries = made.num_entries;
+	rq()->stride = made.stride;
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(c->wr_id, 7u);
+	EXPECT_EQ(buf[kGrh], 0x5a);
 }
 
-TEST_F(WireDeliverTest, ForgedCqRingGeometryGetsNoCompletion)
+TEST_F(WireDeliverTest, ForgedCqRingGeometryIsNotUsed)
 {
 	to_rtr();
 	post_recv(sizeof(buf));
 	auto &ring = arena().at<xsrc_cq_ring>(cq0_ring);
-	uint32_t entries = ring.num_entries;
+	const xsrc_cq_ring made = ring;
 	ring.num_entries = 1u << 30;
+	ring.payload_stride = 1u << 30;
+	ring.cqe = ~0u;
 	EXPECT_EQ(deliver({}), WireOutcome::delivered);
-	ring.num_entries = entries;
-	EXPECT_FALSE(completion());
+	ring.num_entries = made.num_entries;
+	ring.payload_stride = made.payload_stride;
+	ring.cqe = made.cqe;
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_TRUE(c->flags & XSRC_CQE_DEFERRED);
+	EXPECT_EQ(buf[kGrh], 0x5a) << "the payload is where the ring we made keeps it";
+}
+
+// A QP going to RESET empties its receive ring by the shape the daemon made
+// it with: the forged one would have it write far outside the ring.
+TEST_F(WireDeliverTest, ResetEmptiesTheReceiveRingItMadeWhateverItsHeaderSays)
+{
+	to_rtr();
+	post_recv(sizeof(buf));
+	const xsrc_recv_ring made = *rq();
+	rq()->num_entries = 1u << 30;
+	rq()->stride = 1u << 30;
+	ASSERT_EQ(modify_qp(modify_cmd(qp.handle, IBV_QPS_RESET, IBV_QP_STATE)), 0);
+	rq()->num_entries = made.num_entries;
+	rq()->stride = made.stride;
+	EXPECT_EQ(recv_count(rq()), 0u);
+	to_rtr();
+	post_recv(sizeof(buf));  // every slot is free for its first lap again
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	EXPECT_TRUE(completion());
 }
 
 // --- RC and UC: the responder, and responses for the requester ------------
