@@ -30,20 +30,34 @@ inline xsrc_cqe *cq_slots(xsrc_cq_ring *ring)
 }
 
 // What a producer computes a CQ ring's addresses from. The header is in the
-// arena, which another process may write at any moment: the daemon reads it
-// once (cq_shape), checks that copy against the ring's allocation and places
-// by the copy, never by the header again.
+// arena, which another process may write at any moment: the daemon places by
+// the shape it made the ring with; a provider reads the header once
+// (cq_shape), checks that copy (cq_shape_fits) and places by the copy, never
+// by the header again.
 struct CqShape {
 	uint64_t entries = 0;  // a power of two
 	uint64_t payload_stride = 0;
 	uint64_t cqe = 0;      // the application's
+	uint64_t big_slots = 0;  // revision 5: the big pool (0: none)
+	uint64_t big_stride = 0;
 };
 
 inline CqShape cq_shape(const xsrc_cq_ring *ring)
 {
 	auto &r = const_cast<xsrc_cq_ring &>(*ring);
 	return {atomic(r.num_entries).load(std::memory_order_relaxed),
-		atomic(r.payload_stride).load(std::memory_order_relaxed), atomic(r.cqe).load(std::memory_order_relaxed)};
+		atomic(r.payload_stride).load(std::memory_order_relaxed), atomic(r.cqe).load(std::memory_order_relaxed),
+		atomic(r.big_slots).load(std::memory_order_relaxed), atomic(r.big_stride).load(std::memory_order_relaxed)};
+}
+
+// The entries and payload slots of a ring of `shape` lie within `room` bytes
+// from its header on (the big pool is checked apart: cq_big_pool_sane).
+inline bool cq_shape_fits(const CqShape &shape, uint64_t room)
+{
+	const uint64_t n = shape.entries;
+	if (!n || (n & (n - 1)) || room < sizeof(xsrc_cq_ring) || shape.payload_stride > room)
+		return false;
+	return n <= (room - sizeof(xsrc_cq_ring)) / (sizeof(xsrc_cqe) + shape.payload_stride);
 }
 
 inline xsrc_cqe *cq_slot(xsrc_cq_ring *ring, const CqShape &shape, uint64_t pos)
@@ -104,46 +118,58 @@ inline void gather(unsigned char *dst, CqPayload payload)
 // The slot index lives in xsrc_cqe::big_slot: no pool may have more.
 constexpr uint32_t kMaxCqBigSlots = 256;
 
-inline uint64_t cq_big_pool_off(const xsrc_cq_ring *ring)
+inline uint64_t cq_big_pool_off(const CqShape &shape)
 {
-	return sizeof(xsrc_cq_ring) + uint64_t(ring->num_entries) * (sizeof(xsrc_cqe) + ring->payload_stride);
+	return sizeof(xsrc_cq_ring) + shape.entries * (sizeof(xsrc_cqe) + shape.payload_stride);
 }
 
-inline uint64_t cq_big_busy_bytes(const xsrc_cq_ring *ring)
+inline uint64_t cq_big_busy_bytes(const CqShape &shape)
 {
-	return (uint64_t(ring->big_slots) / 64 * sizeof(uint64_t) + 63) / 64 * 64;
+	return (shape.big_slots / 64 * sizeof(uint64_t) + 63) / 64 * 64;
 }
 
-// The ring's pool as its header describes it: a sane shape (the header is
-// in the arena, which any process can write) within `room` bytes of the ring.
-inline bool cq_big_pool_sane(const xsrc_cq_ring *ring, uint64_t room)
+// The pool of a ring of `shape` (read from its header, which any process can
+// write) is sane and lies within `room` bytes of the ring, as its entries
+// and payload slots do.
+inline bool cq_big_pool_sane(const CqShape &shape, uint64_t room)
 {
-	uint32_t slots = ring->big_slots;
-	if (!slots || slots > kMaxCqBigSlots || slots % 64 || !ring->big_stride || ring->big_stride > (1u << 20))
+	const uint64_t slots = shape.big_slots;
+	if (!slots || slots > kMaxCqBigSlots || slots % 64 || !shape.big_stride || shape.big_stride > (1u << 20) ||
+	    !cq_shape_fits(shape, room))
 		return false;
-	uint64_t end = cq_big_pool_off(ring) + cq_big_busy_bytes(ring) + uint64_t(slots) * ring->big_stride;
+	uint64_t end = cq_big_pool_off(shape) + cq_big_busy_bytes(shape) + slots * shape.big_stride;
 	return end <= room;
 }
 
-inline uint64_t *cq_big_busy(xsrc_cq_ring *ring)
+inline bool cq_big_pool_sane(const xsrc_cq_ring *ring, uint64_t room)
 {
-	return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring) + cq_big_pool_off(ring));
+	return cq_big_pool_sane(cq_shape(ring), room);
+}
+
+inline uint64_t *cq_big_busy(xsrc_cq_ring *ring, const CqShape &shape)
+{
+	return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring) + cq_big_pool_off(shape));
+}
+
+inline unsigned char *cq_big_payload(xsrc_cq_ring *ring, const CqShape &shape, uint32_t slot)
+{
+	return reinterpret_cast<unsigned char *>(cq_big_busy(ring, shape)) + cq_big_busy_bytes(shape) +
+	       uint64_t(slot) * shape.big_stride;
 }
 
 inline unsigned char *cq_big_payload(xsrc_cq_ring *ring, uint32_t slot)
 {
-	return reinterpret_cast<unsigned char *>(cq_big_busy(ring)) + cq_big_busy_bytes(ring) +
-	       uint64_t(slot) * ring->big_stride;
+	return cq_big_payload(ring, cq_shape(ring), slot);
 }
 
-// Takes a free big slot (its busy bit), starting the search at `hint` so
-// that producers spread out. -1 when every slot is taken.
-inline int cq_big_claim(xsrc_cq_ring *ring, uint32_t hint)
+// Takes a free big slot (its busy bit) of the ring of `shape`, starting the
+// search at `hint` so that producers spread out. -1 when every slot is taken.
+inline int cq_big_claim(xsrc_cq_ring *ring, const CqShape &shape, uint32_t hint)
 {
-	uint32_t words = ring->big_slots / 64;
-	uint64_t *busy = cq_big_busy(ring);
+	const uint64_t words = shape.big_slots / 64;
+	uint64_t *busy = cq_big_busy(ring, shape);
 	for (uint32_t n = 0; n < words; ++n) {
-		uint32_t w = (hint / 64 + n) % words;
+		uint64_t w = (hint / 64 + n) % words;
 		auto word = atomic(busy[w]);
 		uint64_t seen = word.load(std::memory_order_relaxed);
 		while (~seen) {
@@ -158,9 +184,14 @@ inline int cq_big_claim(xsrc_cq_ring *ring, uint32_t hint)
 	return -1;
 }
 
-inline void cq_big_release(xsrc_cq_ring *ring, uint32_t slot)
+inline int cq_big_claim(xsrc_cq_ring *ring, uint32_t hint)
 {
-	atomic(cq_big_busy(ring)[slot / 64]).fetch_and(~(uint64_t(1) << (slot % 64)), std::memory_order_release);
+	return cq_big_claim(ring, cq_shape(ring), hint);
+}
+
+inline void cq_big_release(xsrc_cq_ring *ring, const CqShape &shape, uint32_t slot)
+{
+	atomic(cq_big_busy(ring, shape)[slot / 64]).fetch_and(~(uint64_t(1) << (slot % 64)), std::memory_order_release);
 }
 
 // No bound on the retries of a lock-free loop (the provider: the other
@@ -266,7 +297,7 @@ inline CqPushed cq_place(xsrc_cq_ring *ring, const CqShape &shape, const xsrc_cq
 				// the line to come back from its cache. Here they drain while
 				// the producer goes on.
 				if (payload.count)
-					gather(cqe.flags & XSRC_CQE_DEFERRED_BIG ? cq_big_payload(ring, cqe.big_slot)
+					gather(cqe.flags & XSRC_CQE_DEFERRED_BIG ? cq_big_payload(ring, shape, cqe.big_slot)
 										 : cq_payload(ring, shape, pos),
 					       payload);
 				atomic(slot->seq).store(pos + 1, std::memory_order_release);
@@ -281,7 +312,7 @@ inline CqPushed cq_place(xsrc_cq_ring *ring, const CqShape &shape, const xsrc_cq
 		}
 	}
 	if (cqe.flags & XSRC_CQE_DEFERRED_BIG)
-		cq_big_release(ring, cqe.big_slot);
+		cq_big_release(ring, shape, cqe.big_slot);
 	return CqPushed::full;
 }
 
@@ -382,20 +413,28 @@ class CqConsumer {
 public:
 	CqConsumer() = default;
 
-	// Consumes `ring` from its head on. With `eager_heads` (the arena
-	// header's count, revision 10) the head is published lazily while that
-	// count is 0; without it at every publish().
-	explicit CqConsumer(xsrc_cq_ring *ring, const uint32_t *eager_heads = nullptr)
-		: ring_(ring), slots_(cq_slots(ring)), payload_(cq_payload(ring, 0)),
-		  num_entries_(ring->num_entries), payload_stride_(ring->payload_stride),
-		  big_slots_(ring->big_slots), big_stride_(ring->big_stride),
+	// Consumes `ring`, of `shape` (its caller checked it fits; big_slots 0
+	// when its big pool is not to be used), from its head on. With
+	// `eager_heads` (the arena header's count, revision 10) the head is
+	// published lazily while that count is 0; without it at every publish().
+	CqConsumer(xsrc_cq_ring *ring, const CqShape &shape, const uint32_t *eager_heads = nullptr)
+		: ring_(ring), slots_(cq_slots(ring)), payload_(cq_payload(ring, shape, 0)),
+		  num_entries_(static_cast<uint32_t>(shape.entries)),
+		  payload_stride_(static_cast<uint32_t>(shape.payload_stride)),
+		  big_slots_(static_cast<uint32_t>(shape.big_slots)), big_stride_(static_cast<uint32_t>(shape.big_stride)),
 		  pos_(atomic(ring->head).load(std::memory_order_acquire)), published_(pos_),
-		  eager_heads_(eager_heads), lazy_(std::max<uint32_t>(ring->cqe / 2, 1))
+		  eager_heads_(eager_heads), lazy_(std::max<uint32_t>(static_cast<uint32_t>(shape.cqe / 2), 1))
 	{
 		if (big_slots_) {
-			big_busy_ = cq_big_busy(ring);
-			big_ = cq_big_payload(ring, 0);
+			big_busy_ = cq_big_busy(ring, shape);
+			big_ = cq_big_payload(ring, shape, 0);
 		}
+	}
+
+	// The same by the ring's header as it reads now (a ring of our own).
+	explicit CqConsumer(xsrc_cq_ring *ring, const uint32_t *eager_heads = nullptr)
+		: CqConsumer(ring, cq_shape(ring), eager_heads)
+	{
 	}
 
 	xsrc_cq_ring *ring() const { return ring_; }
@@ -521,6 +560,16 @@ inline RecvShape recv_shape(const xsrc_recv_ring *ring)
 	return {atomic(r.num_entries).load(std::memory_order_relaxed), atomic(r.stride).load(std::memory_order_relaxed)};
 }
 
+// The slots of a ring of `shape` lie within `room` bytes from its header on.
+inline bool recv_shape_fits(const RecvShape &shape, uint64_t room)
+{
+	const uint64_t n = shape.entries;
+	if (!n || (n & (n - 1)) || shape.stride < sizeof(xsrc_recv_wqe) || room < sizeof(xsrc_recv_ring) ||
+	    shape.stride > room)
+		return false;
+	return n <= (room - sizeof(xsrc_recv_ring)) / shape.stride;
+}
+
 inline xsrc_recv_wqe *recv_slot(xsrc_recv_ring *ring, const RecvShape &shape, uint64_t pos)
 {
 	auto *slots = reinterpret_cast<unsigned char *>(ring + 1);
@@ -543,17 +592,21 @@ inline uint64_t recv_count(xsrc_recv_ring *ring)
 	       atomic(ring->head).load(std::memory_order_acquire);
 }
 
-// Posts a receive (the owner is the only producer). False when full.
-// `on_slot(pos)` runs once the slot at ring position `pos` is ours, before
-// the receive is published (the owner records it privately there).
+// Posts a receive to the ring of `shape` (the owner is the only producer).
+// False when full, or when its slot cannot hold `num_sge` SGEs. `on_slot(pos)`
+// runs once the slot at ring position `pos` is ours, before the receive is
+// published (the owner records it privately there).
 template <typename OnSlot>
-inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge, OnSlot &&on_slot)
+inline bool recv_push(xsrc_recv_ring *ring, const RecvShape &shape, uint64_t wr_id, const xsrc_sge *sge,
+		      uint32_t num_sge, OnSlot &&on_slot)
 {
+	if (sizeof(xsrc_recv_wqe) + uint64_t(num_sge) * sizeof(xsrc_sge) > shape.stride)
+		return false;
 	uint64_t pos = atomic(ring->tail).load(std::memory_order_relaxed);
 	uint64_t head = atomic(ring->head).load(std::memory_order_acquire);
-	if (pos - head >= ring->max_wr)
+	if (pos - head >= atomic(ring->max_wr).load(std::memory_order_relaxed))
 		return false;
-	xsrc_recv_wqe *slot = recv_slot(ring, pos);
+	xsrc_recv_wqe *slot = recv_slot(ring, shape, pos);
 	// A consumer that claimed this slot a lap ago may still be copying it
 	// out (or was preempted doing so): give it a moment.
 	constexpr unsigned kMaxSpins = 4096, kSpinsPerYield = 64;
@@ -574,7 +627,7 @@ inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge,
 
 inline bool recv_push(xsrc_recv_ring *ring, uint64_t wr_id, const xsrc_sge *sge, uint32_t num_sge)
 {
-	return recv_push(ring, wr_id, sge, num_sge, [](uint64_t) {});
+	return recv_push(ring, recv_shape(ring), wr_id, sge, num_sge, [](uint64_t) {});
 }
 
 // A receive WQE copied out of a ring.

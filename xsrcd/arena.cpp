@@ -204,6 +204,11 @@ xsrc_srq_entry &Arena::srq_entry(uint32_t index)
 	return reinterpret_cast<xsrc_srq_entry *>(base_ + kLayout.srq_table_off)[index % XSRC_SRQ_TABLE_LEN];
 }
 
+uint32_t &Arena::atomic_lock(uint32_t index)
+{
+	return reinterpret_cast<uint32_t *>(base_ + kLayout.atomic_locks_off)[index % XSRC_ATOMIC_LOCKS];
+}
+
 xsrc_mcast_table &Arena::mcast_table()
 {
 	return *reinterpret_cast<xsrc_mcast_table *>(base_ + kLayout.mcast_table_off);

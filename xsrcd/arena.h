@@ -76,6 +76,8 @@ public:
 	Arena &operator=(const Arena &) = delete;
 
 	const std::string &path() const { return path_; }
+	// The header as it is now: any process of the device may have rewritten
+	// it. The tables below are where we laid them out, whatever it says.
 	const xsrc_arena_header &header() const { return *reinterpret_cast<const xsrc_arena_header *>(base_); }
 
 	xsrc_qp_entry &qp_entry(uint32_t index);    // index < XSRC_QP_TABLE_LEN
@@ -83,6 +85,7 @@ public:
 	xsrc_srq_entry &srq_entry(uint32_t index);  // index < XSRC_SRQ_TABLE_LEN
 	xsrc_mcast_table &mcast_table();
 	xsrc_mcast_group &mcast_group(uint32_t index);  // index < XSRC_MCAST_GROUPS
+	uint32_t &atomic_lock(uint32_t index);          // index < XSRC_ATOMIC_LOCKS
 
 	// The object at `off`, which must come from allocate().
 	template <typename T>
@@ -93,12 +96,6 @@ public:
 	// Returns an allocation (quarantined first). Unknown offsets are ignored.
 	void release(uint64_t off);
 	bool allocated(uint64_t off) const { return allocations_.count(off) != 0; }
-	// Bytes of the allocation at `off`; 0 for an unknown offset.
-	uint64_t allocation_bytes(uint64_t off) const
-	{
-		auto it = allocations_.find(off);
-		return it == allocations_.end() ? 0 : it->second * kArenaPage;
-	}
 
 	uint64_t free_pages() const { return pages_.free_pages(); }
 	uint64_t quarantined_pages() const { return pages_.quarantined_pages(); }

@@ -280,7 +280,7 @@ public:
 	ArenaAtomicLock(Arena &arena, pid_t pid, uint64_t va)
 	{
 		uint64_t hash = (uint64_t(uint32_t(pid)) << 40) ^ (va >> 3);
-		word_ = &arena.at<uint32_t>(arena.header().atomic_locks_off + 4 * (hash % XSRC_ATOMIC_LOCKS));
+		word_ = &arena.atomic_lock(static_cast<uint32_t>(hash % XSRC_ATOMIC_LOCKS));
 		auto lock = atomic(*word_);
 		uint32_t me = static_cast<uint32_t>(getpid());
 		auto deadline = std::chrono::steady_clock::now() + kAtomicLockWait;

@@ -104,9 +104,8 @@ void Daemon::free_lock_words(Device &dev, pid_t pid)
 			uint64_t table = srq->ring_off + recv_ring_bytes(srq->ring_shape);
 			free_if_held_by(arena.at<xsrc_tm_table>(table).lock, pid);
 		}
-	auto *locks = &arena.at<uint32_t>(arena.header().atomic_locks_off);
 	for (uint32_t i = 0; i < XSRC_ATOMIC_LOCKS; ++i)
-		free_if_held_by(locks[i], pid);
+		free_if_held_by(arena.atomic_lock(i), pid);
 }
 
 bool Daemon::pid_in_use(pid_t pid) const

@@ -167,13 +167,13 @@ void cq_poll_end(xsrc_cq *cq)
 // Tells producers that this provider places payloads from the ring's big
 // slots (revision 5): a provider that predates them never says so, and so
 // is never sent one.
-void cq_accept_big_payloads(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t off)
+void cq_accept_big_payloads(xsrc_cq_ring *ring, const xsrc::CqShape &shape)
 {
 #if XSRC_DRIVER_ABI_REVISION >= 5
-	if (xsrc::cq_big_pool_sane(ring, ctx->arena.size - off))
+	if (shape.big_slots)
 		xsrc::store_release(ring->big_polled, 1u);
 #else
-	(void)ctx, (void)ring, (void)off;
+	(void)ring, (void)shape;
 #endif
 }
 
@@ -188,12 +188,20 @@ bool cq_arms_with_tail([[maybe_unused]] const xsrc_context *ctx)
 #endif
 }
 
-xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off)
+// Our CQ's ring at `off` and its shape, read once: null when the shape does
+// not fit the arena (its header is anyone's to write). A big pool that does
+// not is left out of the shape, and never announced.
+xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off, xsrc::CqShape &shape)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
-	if (!ring || !ring->num_entries)
+	if (!ring)
 		return nullptr;
-	cq_accept_big_payloads(ctx, ring, off);
+	shape = xsrc::cq_shape(ring);
+	if (!xsrc::cq_shape_fits(shape, ctx->arena.size - off))
+		return nullptr;
+	if (!xsrc::cq_big_pool_sane(shape, ctx->arena.size - off))
+		shape.big_slots = shape.big_stride = 0;
+	cq_accept_big_payloads(ring, shape);
 #if XSRC_DRIVER_ABI_REVISION >= 11
 	// Before the application can arm it: xsrc_req_notify_cq looks at the
 	// tail from the first arming on.
@@ -305,7 +313,8 @@ void cq_set_poll_ops(ibv_cq_ex &cq)
 // create may have drawn from. On failure the CQ is destroyed (errno set).
 bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &drv)
 {
-	xsrc_cq_ring *ring = cq_ring_at(ctx, drv.ring_off);
+	xsrc::CqShape shape;
+	xsrc_cq_ring *ring = cq_ring_at(ctx, drv.ring_off, shape);
 	if (!ring) {
 		verbs_err(&ctx->ibv_ctx, "create_cq: the device answered ring_off 0x%llx, not a CQ ring\n",
 			  static_cast<unsigned long long>(drv.ring_off));
@@ -314,7 +323,7 @@ bool cq_attach_ring(xsrc_context *ctx, xsrc_cq *cq, const xsrc_create_cq_resp &d
 		errno = EPROTO;
 		return false;
 	}
-	cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
+	cq->consumer = xsrc::CqConsumer(ring, shape, ctx->cq_eager_heads);
 	xsrc_channel_pool_refill(ctx, drv.channel_pool_free);
 	return true;
 }
@@ -455,13 +464,14 @@ int xsrc_resize_cq(ibv_cq *ibcq, int cqe)
 		return err;
 	}
 	xsrc_context *ctx = to_xsrc_ctx(ibcq->context);
-	xsrc_cq_ring *ring = cq_ring_at(ctx, resp.driver().ring_off);
+	xsrc::CqShape shape;
+	xsrc_cq_ring *ring = cq_ring_at(ctx, resp.driver().ring_off, shape);
 	if (ring) {
 		// A ring left behind drains first; the same ring has another cqe,
 		// and so another pace for its head.
 		if (ring != cq->ring())
 			cq->old = cq->consumer;
-		cq->consumer = xsrc::CqConsumer(ring, ctx->cq_eager_heads);
+		cq->consumer = xsrc::CqConsumer(ring, shape, ctx->cq_eager_heads);
 		cq_update_peek(cq);
 	}
 	return 0;
@@ -524,7 +534,18 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 {
 	if (!ring_off)
 		ring_off = arena_offset(ctx, ring);
-	switch (xsrc::cq_push_notify(ring, cqe, payload)) {
+	xsrc_cq_complete(ctx, ring, xsrc::cq_shape(ring), ring_off, cqe, payload);
+}
+
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t ring_off,
+		      const xsrc_cqe &cqe, xsrc::CqPayload payload) noexcept
+{
+	// The shape is read from the header, which anyone may write: a ring that
+	// says it reaches past the arena gets nothing from us (and a big slot
+	// claimed in it stays taken).
+	if (!xsrc::cq_shape_fits(shape, ctx->arena.size - ring_off))
+		return;
+	switch (xsrc::cq_push_notify(ring, shape, cqe, payload, xsrc::kUnboundedTries)) {
 	case xsrc::CqPushed::full:
 		if (xsrc::cq_first_overrun(ring))
 			xsrc_context_raise_event(ctx, XSRC_EVENT_CQ_ERR, ring_off);

@@ -233,7 +233,7 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	}
 	qp->qpn = xsrc::Qpn(qp->vqp.qp.qp_num);
 	qp->entry = ctx->arena.qp(qp->qpn);
-	qp->rq = ctx->arena.at<xsrc_recv_ring>(resp.driver().rq_off);
+	qp->rq = xsrc_own_recv_ring(ctx->arena, resp.driver().rq_off, qp->rq_shape);
 	bool has_rq = qp_has_recv_queue(attr->qp_type);
 	qp->send_cq = attr->send_cq ? to_xsrc_cq(attr->send_cq) : nullptr;
 	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;
@@ -257,8 +257,8 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 		err = xsrc_qp_prepare_send(ctx, qp, attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);
 	}
 	if (!err && has_rq && !qp->srq &&
-	    (err = qp->rq_shadow.attach(ctx, xsrc_rq_shadow::queue::qp, qp->vqp.qp.handle, qp->rq->num_entries,
-					qp->max_recv_sge)))
+	    (err = qp->rq_shadow.attach(ctx, xsrc_rq_shadow::queue::qp, qp->vqp.qp.handle,
+					static_cast<uint32_t>(qp->rq_shape.entries), qp->max_recv_sge)))
 		verbs_err(vctx, "create_qp: QP %u: the device took no record of its receives: %s\n", qp->qpn.value(),
 			  strerror(err));
 	if (err) {
@@ -425,7 +425,7 @@ int xsrc_modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int attr_mask)
 		qp->rnr_rq = nullptr;
 		xsrc_wire_qp_flush(qp, true);
 		xsrc::RecvWqe discard;
-		while (qp->rq && xsrc::recv_pop(qp->rq, discard)) {
+		while (qp->rq && xsrc::recv_pop(qp->rq, qp->rq_shape, discard)) {
 		}
 		// ... and so are its completions still in the CQs (flushes, say).
 		if (qp->send_cq)
@@ -520,7 +520,7 @@ int xsrc_post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) noexcept
 					 xsrc_make_cqe(wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 			continue;
 		}
-		if (!xsrc_recv_post(qp->rq, qp->rq_shadow, wr)) {
+		if (!xsrc_recv_post(qp->rq, qp->rq_shape, qp->rq_shadow, wr)) {
 			verbs_debug(&ctx->ibv_ctx, "post_recv: QP %u: the receive queue is full\n", qp->qpn.value());
 			*bad_wr = wr;
 			return ENOMEM;

@@ -36,10 +36,48 @@ inline void qp_state_store(xsrc_qp_entry &e, ibv_qp_state state)
 // An MR key is its table index << 8 | a salt (xsrc_mr_entry::key).
 constexpr unsigned kMrKeyIndexShift = 8;
 
-// One device's shared-memory arena, mapped into this process.
+// One device's shared-memory arena, mapped into this process. Where its
+// tables are is read from its header once, when it is adopted, and checked
+// to lie within it: the header is anyone's to write, so read again later it
+// could send an access anywhere (or, with a table past the end, fault).
 struct Arena {
 	unsigned char *base = nullptr;
 	size_t size = 0;
+	// Where adopt() found the tables (public, as every member here: the
+	// context that holds this stays a standard-layout type).
+	xsrc_qp_entry *qps_ = nullptr;
+	xsrc_mr_entry *mrs_ = nullptr;
+	xsrc_srq_entry *srqs_ = nullptr;
+	uint32_t *locks_ = nullptr;
+	xsrc_mcast_table *mcast_ = nullptr;
+
+	// Takes the mapping of `bytes` at `mapped` whose header is complete:
+	// false, nothing taken, when a table does not fit it.
+	bool adopt(unsigned char *mapped, size_t bytes)
+	{
+		const auto &h = *reinterpret_cast<const xsrc_arena_header *>(mapped);
+		auto table = [mapped, bytes](uint64_t off, uint64_t len, size_t entry) -> unsigned char * {
+			return off >= sizeof(xsrc_arena_header) && off <= bytes && len * entry <= bytes - off ? mapped + off
+													       : nullptr;
+		};
+		unsigned char *qps = table(h.qp_table_off, XSRC_QP_TABLE_LEN, sizeof(xsrc_qp_entry));
+		unsigned char *mrs = table(h.mr_table_off, XSRC_MR_TABLE_LEN, sizeof(xsrc_mr_entry));
+		unsigned char *srqs = table(h.srq_table_off, XSRC_SRQ_TABLE_LEN, sizeof(xsrc_srq_entry));
+		unsigned char *locks = table(h.atomic_locks_off, XSRC_ATOMIC_LOCKS, sizeof(uint32_t));
+		if (!qps || !mrs || !srqs || !locks)
+			return false;
+		base = mapped;
+		size = bytes;
+		qps_ = reinterpret_cast<xsrc_qp_entry *>(qps);
+		mrs_ = reinterpret_cast<xsrc_mr_entry *>(mrs);
+		srqs_ = reinterpret_cast<xsrc_srq_entry *>(srqs);
+		locks_ = reinterpret_cast<uint32_t *>(locks);
+		// The multicast table (r3) is optional: an arena without one (or
+		// with one that does not fit) has none.
+		constexpr uint64_t mcast_bytes = sizeof(xsrc_mcast_table) + uint64_t(XSRC_MCAST_GROUPS) * sizeof(xsrc_mcast_group);
+		mcast_ = reinterpret_cast<xsrc_mcast_table *>(table(h.mcast_table_off, 1, mcast_bytes));
+		return true;
+	}
 
 	const xsrc_arena_header &header() const
 	{
@@ -53,9 +91,9 @@ struct Arena {
 	xsrc_qp_entry *qp(Qpn qpn) const
 	{
 		uint32_t n = qpn.value();
-		if (n < XSRC_QPN_BASE || n - XSRC_QPN_BASE >= XSRC_QP_TABLE_LEN)
+		if (!qps_ || n < XSRC_QPN_BASE || n - XSRC_QPN_BASE >= XSRC_QP_TABLE_LEN)
 			return nullptr;
-		return at<xsrc_qp_entry>(header().qp_table_off) + (n - XSRC_QPN_BASE);
+		return qps_ + (n - XSRC_QPN_BASE);
 	}
 	// An lkey and an rkey name the same table entry.
 	xsrc_mr_entry *mr(Lkey key) const { return mr_at(key.value()); }
@@ -63,34 +101,31 @@ struct Arena {
 	xsrc_srq_entry *srq(Srqn srqn) const
 	{
 		uint32_t n = srqn.value();
-		if (n < XSRC_SRQN_BASE || n - XSRC_SRQN_BASE >= XSRC_SRQ_TABLE_LEN)
+		if (!srqs_ || n < XSRC_SRQN_BASE || n - XSRC_SRQN_BASE >= XSRC_SRQ_TABLE_LEN)
 			return nullptr;
-		return at<xsrc_srq_entry>(header().srq_table_off) + (n - XSRC_SRQN_BASE);
+		return srqs_ + (n - XSRC_SRQN_BASE);
 	}
 	// The multicast table (driver ABI r3), or null when the arena has none
 	// or it does not fit.
 	xsrc_mcast_table *mcast_table() const
 	{
-		constexpr uint64_t bytes = sizeof(xsrc_mcast_table) + uint64_t(XSRC_MCAST_GROUPS) * sizeof(xsrc_mcast_group);
-		uint64_t off = header().mcast_table_off;
-		if (!off || off > size || bytes > size - off)
-			return nullptr;
-		auto *table = reinterpret_cast<xsrc_mcast_table *>(base + off);
-		return table->num_groups == XSRC_MCAST_GROUPS ? table : nullptr;
+		return mcast_ && mcast_->num_groups == XSRC_MCAST_GROUPS ? mcast_ : nullptr;
 	}
+	// The lock word for `hash`; null only before adopt().
 	uint32_t *atomic_lock(uint64_t hash) const
 	{
-		return at<uint32_t>(header().atomic_locks_off) + hash % XSRC_ATOMIC_LOCKS;
+		return locks_ ? locks_ + hash % XSRC_ATOMIC_LOCKS : nullptr;
 	}
 
 private:
 	xsrc_mr_entry *mr_at(uint32_t key) const
 	{
 		uint32_t index = key >> kMrKeyIndexShift;
-		if (index >= XSRC_MR_TABLE_LEN)
+		if (!mrs_ || index >= XSRC_MR_TABLE_LEN)
 			return nullptr;
-		return at<xsrc_mr_entry>(header().mr_table_off) + index;
+		return mrs_ + index;
 	}
+
 };
 
 // Pids of peers whose memory we may not reach ourselves (another user):

@@ -503,8 +503,9 @@ void xsrc_raw_receive(xsrc_context *ctx, xsrc_qp *qp, const uint8_t *frame, size
 	if (state != IBV_QPS_RTR && state != IBV_QPS_RTS && state != IBV_QPS_SQD)
 		return;
 	xsrc_recv_ring *ring = qp->srq ? qp->srq->ring : qp->rq;
+	const xsrc::RecvShape &shape = qp->srq ? qp->srq->ring_shape : qp->rq_shape;
 	xsrc::RecvWqe rwqe;
-	if (!ring || !qp->recv_cq || !xsrc::recv_pop(ring, rwqe))
+	if (!ring || !qp->recv_cq || !xsrc::recv_pop(ring, shape, rwqe))
 		return;
 	const xsrc_srq_entry *srq = qp->srq ? ctx->arena.srq(qp->srq->srqn) : nullptr;
 	xsrc::PdId pd(srq ? srq->pd_id : qp->entry->pd_id);

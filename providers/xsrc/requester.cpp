@@ -388,7 +388,7 @@ void xsrc_requester_flush(xsrc_qp *qp) noexcept
 	qp->rnr_rq = nullptr;
 	if (qp->rq && qp->recv_cq) {
 		xsrc::RecvWqe rwqe;
-		while (xsrc::recv_pop(qp->rq, rwqe))
+		while (xsrc::recv_pop(qp->rq, qp->rq_shape, rwqe))
 			xsrc_cq_complete(ctx, qp->recv_cq->ring(), 0,
 					 xsrc_make_cqe(rwqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp->qpn));
 	}

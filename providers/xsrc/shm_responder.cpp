@@ -39,6 +39,7 @@ constexpr uint64_t kAtomicBytes = 8;
 struct Responder {
 	xsrc_qp_entry *qp = nullptr;
 	xsrc_recv_ring *rq = nullptr;      // the QP's RQ or its SRQ
+	xsrc::RecvShape rq_shape;          // its shape, read once (its header is anyone's to write)
 	xsrc_srq_entry *srq = nullptr;
 	uint64_t cq_off = 0;
 	xsrc::PdId pd_id;                  // of the receive buffers
@@ -48,6 +49,18 @@ struct Responder {
 	xsrc::Qpn qpn() const { return xsrc::Qpn(qp->qpn); }
 };
 
+// The receive ring at `off` for `r`, with its shape read once: none when
+// that shape does not fit the arena.
+void responder_use_ring(xsrc_context *ctx, uint64_t off, Responder &r)
+{
+	r.rq = ctx->arena.at<xsrc_recv_ring>(off);
+	if (!r.rq)
+		return;
+	r.rq_shape = xsrc::recv_shape(r.rq);
+	if (!xsrc::recv_shape_fits(r.rq_shape, ctx->arena.size - off))
+		r.rq = nullptr;
+}
+
 // The SRQ an XRC message names (XRCETH): live, XRC, and of the receive QP's
 // domain — otherwise the responder answers "invalid request".
 bool responder_use_xrc_srq(xsrc_context *ctx, xsrc::Srqn srqn, Responder &r)
@@ -56,7 +69,7 @@ bool responder_use_xrc_srq(xsrc_context *ctx, xsrc::Srqn srqn, Responder &r)
 	if (!r.srq || atomic(r.srq->srqn).load(std::memory_order_acquire) != srqn.value() ||
 	    r.srq->srq_type != IBV_SRQT_XRC || r.srq->xrcd_id == 0 || r.srq->xrcd_id != r.qp->xrcd_id)
 		return false;
-	r.rq = ctx->arena.at<xsrc_recv_ring>(r.srq->ring_off);
+	responder_use_ring(ctx, r.srq->ring_off, r);
 	r.cq_off = r.srq->cq_off;
 	r.pd_id = r.rkey_pd_id = xsrc::PdId(r.srq->pd_id);
 	r.owner_pid = r.srq->owner_pid;
@@ -86,10 +99,10 @@ bool responder_find(xsrc_context *ctx, xsrc::Qpn qpn, Responder &r)
 		r.srq = ctx->arena.srq(xsrc::Srqn(r.qp->srqn));
 		if (!r.srq || atomic(r.srq->srqn).load(std::memory_order_acquire) != r.qp->srqn)
 			return false;
-		r.rq = ctx->arena.at<xsrc_recv_ring>(r.srq->ring_off);
+		responder_use_ring(ctx, r.srq->ring_off, r);
 		r.pd_id = xsrc::PdId(r.srq->pd_id);
 	} else {
-		r.rq = ctx->arena.at<xsrc_recv_ring>(r.qp->rq_off);
+		responder_use_ring(ctx, r.qp->rq_off, r);
 	}
 	return true;
 }
@@ -123,7 +136,7 @@ void responder_check_srq_limit(xsrc_context *ctx, Responder &r)
 void responder_flush_receives(xsrc_context *ctx, Responder &r)
 {
 	xsrc::RecvWqe rest;
-	while (!r.srq && r.rq && xsrc::recv_pop(r.rq, rest))
+	while (!r.srq && r.rq && xsrc::recv_pop(r.rq, r.rq_shape, rest))
 		responder_complete(ctx, r, xsrc_make_cqe(rest.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, r.qpn()));
 }
 
@@ -248,29 +261,33 @@ ibv_grh responder_ud_grh(const xsrc_send_wqe &wqe, uint64_t payload_len)
 // responder's CQ ring: copied there with its completion `c`, which the
 // owner's poll places. False (nothing done) when it fits none, or every big
 // slot is taken: the caller moves it.
+// The ring's shape is read once, and all of it placed by that copy.
 bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const iovec &to, xsrc::CqPayload payload)
 {
 	auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
 	if (!ring)
 		return false;
-	if (to.iov_len <= ring->payload_stride) {
+	const xsrc::CqShape shape = xsrc::cq_shape(ring);
+	const uint64_t room = ctx->arena.size - r.cq_off;
+	if (!xsrc::cq_shape_fits(shape, room))
+		return false;
+	if (to.iov_len <= shape.payload_stride) {
 		c.flags |= XSRC_CQE_DEFERRED;
 		c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
-		responder_complete(ctx, r, c, payload);
+		xsrc_cq_complete(ctx, ring, shape, r.cq_off, c, payload);
 		return true;
 	}
 #if XSRC_DRIVER_ABI_REVISION >= 5
 	// Big slots only for an owner that places them (older providers don't).
-	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(ring, ctx->arena.size - r.cq_off) ||
-	    to.iov_len > ring->big_stride)
+	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(shape, room) || to.iov_len > shape.big_stride)
 		return false;
-	int slot = xsrc::cq_big_claim(ring, r.qp->qpn);
+	int slot = xsrc::cq_big_claim(ring, shape, r.qp->qpn);
 	if (slot < 0)
 		return false;
 	c.flags |= XSRC_CQE_DEFERRED_BIG;
 	c.deferred_va = reinterpret_cast<uint64_t>(to.iov_base);
 	c.big_slot = static_cast<uint8_t>(slot);
-	responder_complete(ctx, r, c, payload);  // the payload goes to the big slot
+	xsrc_cq_complete(ctx, ring, shape, r.cq_off, c, payload);  // the payload goes to the big slot
 	return true;
 #else
 	return false;
@@ -309,7 +326,7 @@ Result responder_deliver(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wq
 			 const xsrc_local_buffers &local, bool ud, ibv_wc_opcode recv_opcode = IBV_WC_RECV)
 {
 	xsrc::RecvWqe rwqe;
-	if (!r.rq || !xsrc::recv_pop(r.rq, rwqe))
+	if (!r.rq || !xsrc::recv_pop(r.rq, r.rq_shape, rwqe))
 		return responder_no_receive(qp, r);
 	if (qp->recv_cq)
 		xsrc_cq_note_reply_path(qp->recv_cq, qp->qpn, r.rq, rwqe.pos);
@@ -498,7 +515,7 @@ Result responder_deliver_tm(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe 
 	bool rndv = tmh.opcode == IBV_TMH_RNDV;
 
 	xsrc::RecvWqe tagged_buf;
-	switch (xsrc_tm_match(table, r.rq, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), ctx->direct, tagged_buf)) {
+	switch (xsrc_tm_match(table, r.rq, r.rq_shape, be64toh(tmh.tag), static_cast<uint32_t>(ctx->pid), ctx->direct, tagged_buf)) {
 	case xsrc_tm_outcome::no_receive:
 		return responder_no_receive(qp, r);
 	case xsrc_tm_outcome::unexpected:
@@ -1137,7 +1154,7 @@ void xsrc_tm_deliver_fin(xsrc_context *ctx, xsrc_qp *qp) noexcept
 	qp->tm_fin.pending = false;
 	Responder self;
 	xsrc::RecvWqe rwqe;
-	if (!responder_find(ctx, qp->qpn, self) || !self.rq || !xsrc::recv_pop(self.rq, rwqe))
+	if (!responder_find(ctx, qp->qpn, self) || !self.rq || !xsrc::recv_pop(self.rq, self.rq_shape, rwqe))
 		return;
 	responder_check_srq_limit(ctx, self);
 	ibv_tmh fin = qp->tm_fin.tmh;

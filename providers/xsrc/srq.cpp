@@ -39,10 +39,10 @@ ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uin
 {
 	srq->vsrq.srq_num = resp.core()->srqn;
 	const xsrc_create_srq_resp &drv = resp.driver();
-	srq->ring = ctx->arena.at<xsrc_recv_ring>(drv.ring_off);
+	srq->ring = xsrc_own_recv_ring(ctx->arena, drv.ring_off, srq->ring_shape);
 	srq->srqn = xsrc::Srqn(srq->vsrq.srq_num);
 	srq->max_sge = max_sge;
-	if (!srq->ring || !srq->ring->num_entries) {
+	if (!srq->ring) {
 		verbs_err(&ctx->ibv_ctx, "create_srq: SRQ %u: the device answered ring_off 0x%llx, not a receive ring\n",
 			  srq->srqn.value(), static_cast<unsigned long long>(drv.ring_off));
 		ibv_cmd_destroy_srq(&srq->vsrq.srq);
@@ -52,7 +52,7 @@ ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uin
 	}
 	if (!srq->tm) {
 		if (int err = srq->shadow.attach(ctx, xsrc_rq_shadow::queue::srq, srq->vsrq.srq.handle,
-						 srq->ring->num_entries, max_sge)) {
+						 static_cast<uint32_t>(srq->ring_shape.entries), max_sge)) {
 			verbs_err(&ctx->ibv_ctx, "create_srq: SRQ %u: the device took no record of its receives: %s\n",
 				  srq->srqn.value(), strerror(err));
 			ibv_cmd_destroy_srq(&srq->vsrq.srq);
@@ -198,7 +198,7 @@ int xsrc_post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) no
 			*bad_wr = wr;
 			return EINVAL;
 		}
-		if (!xsrc_recv_post(srq->ring, srq->shadow, wr)) {
+		if (!xsrc_recv_post(srq->ring, srq->ring_shape, srq->shadow, wr)) {
 			verbs_debug(srq_vctx(ibsrq), "post_srq_recv: SRQ %u is full\n", srq->srqn.value());
 			*bad_wr = wr;
 			return ENOMEM;

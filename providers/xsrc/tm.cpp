@@ -150,8 +150,8 @@ xsrc_tm_table *xsrc_tm_table_of(const xsrc::Arena &arena, uint64_t ring_off) noe
 	return table && xsrc::tm_table_sane(*table, arena.size - off) ? table : nullptr;
 }
 
-xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me, bool direct,
-			      xsrc::RecvWqe &out) noexcept
+xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, const xsrc::RecvShape &shape, uint64_t tag,
+			      uint32_t me, bool direct, xsrc::RecvWqe &out) noexcept
 {
 	TmLock lock(*table, me, direct);
 	xsrc_tm_entry *best = nullptr;
@@ -168,7 +168,7 @@ xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64
 		best->state = XSRC_TM_FREE;
 		return xsrc_tm_outcome::matched;
 	}
-	if (!ring || !xsrc::recv_pop(ring, out))
+	if (!ring || !xsrc::recv_pop(ring, shape, out))
 		return xsrc_tm_outcome::no_receive;
 	++table->unexpected;
 	return xsrc_tm_outcome::unexpected;

@@ -27,8 +27,8 @@ enum class xsrc_tm_outcome {
 // is taken (it leaves the table), else a receive of `ring` and the
 // unexpected count goes up. `me` is our pid as the device knows it,
 // `direct` whether we share the device's PID namespace (TmLock).
-xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, uint64_t tag, uint32_t me, bool direct,
-			      xsrc::RecvWqe &out) noexcept;
+xsrc_tm_outcome xsrc_tm_match(xsrc_tm_table *table, xsrc_recv_ring *ring, const xsrc::RecvShape &shape, uint64_t tag,
+			      uint32_t me, bool direct, xsrc::RecvWqe &out) noexcept;
 
 // After the completion of our SEND of a rendezvous request: the FIN its
 // responder sent (qp->tm_fin) into our receive queue (shm_responder.cpp).

@@ -193,12 +193,10 @@ int context_map_arena(verbs_sysfs_dev *sysfs_dev, xsrc::Arena &arena)
 		return errno;
 	auto *hdr = static_cast<const xsrc_arena_header *>(base);
 	if (hdr->magic != XSRC_ARENA_MAGIC || hdr->version != XSRC_ARENA_VERSION ||
-	    hdr->size != XSRC_ARENA_SIZE) {
+	    hdr->size != XSRC_ARENA_SIZE || !arena.adopt(static_cast<unsigned char *>(base), XSRC_ARENA_SIZE)) {
 		munmap(base, XSRC_ARENA_SIZE);
 		return EPROTO;
 	}
-	arena.base = static_cast<unsigned char *>(base);
-	arena.size = XSRC_ARENA_SIZE;
 	return 0;
 }
 

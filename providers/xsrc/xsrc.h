@@ -289,6 +289,7 @@ inline void xsrc_cq_note_reply_path(xsrc_cq *cq, xsrc::Qpn qpn, xsrc_recv_ring *
 struct xsrc_srq {
 	verbs_srq vsrq;
 	xsrc_recv_ring *ring;
+	xsrc::RecvShape ring_shape;  // read once, when made
 	xsrc::Srqn srqn;
 	uint32_t max_sge;
 	xsrc_td_lock post_lock;      // the receive ring has one producer
@@ -315,6 +316,7 @@ struct xsrc_qp {
 	xsrc_qp_entry *entry;        // in the arena: state, attributes
 	const xsrc_transport *engine = nullptr; // towards the RTR path's GID; null: the context's
 	xsrc_recv_ring *rq;          // null with an SRQ
+	xsrc::RecvShape rq_shape;    // read once, when made
 	xsrc_rq_shadow rq_shadow;  // the receives posted to rq, privately (r9)
 	xsrc_cq *send_cq;
 	xsrc_cq *recv_cq;
@@ -529,22 +531,39 @@ int xsrc_detach_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid);
 size_t xsrc_mcast_members(const xsrc_context *ctx, const ibv_gid &gid,
 			  uint32_t (&out)[XSRC_MCAST_GROUP_QPS]) noexcept;
 
-// Posts one receive (num_sge already checked) to a ring whose single
-// producer the caller is. False when the ring is full.
+// Posts one receive (num_sge already checked) to a ring of `shape` whose
+// single producer the caller is. False when the ring is full.
 // `shadow` records it in our private memory first (recv_shadow.h).
-inline bool xsrc_recv_post(xsrc_recv_ring *ring, xsrc_rq_shadow &shadow, const ibv_recv_wr *wr)
+inline bool xsrc_recv_post(xsrc_recv_ring *ring, const xsrc::RecvShape &shape, xsrc_rq_shadow &shadow,
+			   const ibv_recv_wr *wr)
 {
 	xsrc_sge sge[XSRC_MAX_RECV_SGE];
 	for (int i = 0; i < wr->num_sge; ++i)
 		sge[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-	return xsrc::recv_push(ring, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge),
+	return xsrc::recv_push(ring, shape, wr->wr_id, sge, static_cast<uint32_t>(wr->num_sge),
 			       [&](uint64_t pos) { shadow.record(pos, *wr); });
 }
 
+// Our receive ring at `off` (a QP's or an SRQ's), its shape read once into
+// `shape`: null when that shape does not fit the arena (its header is
+// anyone's to write).
+inline xsrc_recv_ring *xsrc_own_recv_ring(const xsrc::Arena &arena, uint64_t off, xsrc::RecvShape &shape)
+{
+	auto *ring = arena.at<xsrc_recv_ring>(off);
+	if (!ring)
+		return nullptr;
+	shape = xsrc::recv_shape(ring);
+	return xsrc::recv_shape_fits(shape, arena.size - off) ? ring : nullptr;
+}
+
 // cq.cpp: a completion for a CQ (ring_off 0: computed): pushes it and
-// raises the event / overrun.
+// raises the event / overrun. Nothing when the ring's shape, read from its
+// header once, does not fit the arena.
 void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
 		      xsrc::CqPayload payload = {}) noexcept;
+// The same by a shape read before (the one a big slot was claimed by).
+void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t ring_off,
+		      const xsrc_cqe &cqe, xsrc::CqPayload payload) noexcept;
 
 inline xsrc_cqe xsrc_make_cqe(uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode opcode, xsrc::Qpn qpn)
 {

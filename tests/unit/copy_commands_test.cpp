@@ -77,8 +77,30 @@ TEST_F(CopyTest, WriteReadAndAtomicsMoveTheBytes)
 	std::memcpy(&counter, target + 1024, 8);
 	EXPECT_EQ(counter, 7u);
 	// The device-wide lock is free again.
-	auto *locks = &arena().at<uint32_t>(arena().header().atomic_locks_off);
+	auto *locks = &arena().atomic_lock(0);
 	EXPECT_TRUE(std::all_of(locks, locks + XSRC_ATOMIC_LOCKS, [](uint32_t l) { return l == 0; }));
+}
+
+// The arena's header is anyone's to write: the daemon takes the atomics lock
+// where it laid the locks out, not where the header says they are (here far
+// past the arena's end).
+TEST_F(CopyTest, AnAtomicTakesTheLockWhereTheDaemonLaidItOut)
+{
+	auto &header = const_cast<xsrc_arena_header &>(arena().header());
+	const uint64_t laid_out = header.atomic_locks_off;
+	header.atomic_locks_off = uint64_t(1) << 40;
+	uint64_t counter = 5, old = 0;
+	std::memcpy(target + 8, &counter, 8);
+	xsrc_copy fa = rkey_op(XSRC_COPY_FETCH_ADD, peer_mr, 8);
+	fa.compare_add = 1;
+	xsrc_copy_resp resp;
+	ASSERT_EQ(copy(fa, &old, 8, resp), 0);
+	header.atomic_locks_off = laid_out;
+	EXPECT_EQ(resp.status, 0u);
+	EXPECT_EQ(old, 5u);
+	std::memcpy(&counter, target + 8, 8);
+	EXPECT_EQ(counter, 6u);
+	EXPECT_EQ(&arena().atomic_lock(0), &arena().at<uint32_t>(laid_out));
 }
 
 TEST_F(CopyTest, ReceiveBufferThroughItsLkeyNeedsLocalWrite)
