@@ -25,13 +25,14 @@
 
 #include "device_test_util.h"
 #include "harness/arena.h"
+#include "provider_test_util.h"
 
 using namespace xsrc_test;
 
 namespace {
 
 constexpr uint32_t kQkey = 0x11111111;
-constexpr int kGidIndex = 1;  // the port's IPv4-mapped GID, as perftest's -x 1
+using provider_test::kGidIndex;
 
 // The header's table offsets, put back when the test ends however it ends.
 class HeaderForger {
@@ -80,16 +81,7 @@ struct SelfSender {
 	{
 		if (ah)
 			ibv_destroy_ah(ah);
-		if (qp)
-			ibv_destroy_qp(qp);
-		if (mr)
-			ibv_dereg_mr(mr);
-		if (cq)
-			ibv_destroy_cq(cq);
-		if (pd)
-			ibv_dealloc_pd(pd);
-		if (ctx)
-			ibv_close_device(ctx);
+		provider_test::destroy_all(std::span(&qp, 1), std::span(&mr, 1), std::span(&cq, 1), pd, ctx);
 	}
 
 	void open()
