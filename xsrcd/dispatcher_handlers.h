@@ -132,11 +132,13 @@ int cmd_recv_shadow(Context &ctx, Caller &caller, const Request &req);
 // ESRCH (the owner is gone). A queue without a shadow passes.
 uint32_t recv_shadow_check(Context &owner, const RecvShadow &shadow, std::optional<uint64_t> pos, uint32_t lkey,
 			   uint64_t addr, uint64_t length);
-// A receive the device popped from the owner's ring at rwqe.pos, made the
-// one the owner posted there: its wr_id and SGEs from the owner's shadow,
-// not from the arena, which anyone can forge. False: the owner posted none
-// there (a forged slot) or is gone. A queue without a shadow passes as is.
-bool recv_shadow_take(Context &owner, const RecvShadow &shadow, RecvWqe &rwqe);
+// A receive the device popped from the owner's ring (of `entries`) at
+// rwqe.pos, made the one the owner posted there: its wr_id and SGEs from the
+// owner's shadow, not from the arena, which anyone can forge. False: the
+// owner posted none there (a forged slot), the device took that one before
+// (a slot rewound in the arena), or the owner is gone. A queue without a
+// shadow passes as is.
+bool recv_shadow_take(Context &owner, RecvShadow &shadow, uint64_t entries, RecvWqe &rwqe);
 
 // mcast_commands.cpp (driver ABI r3): UD QPs in multicast groups.
 int cmd_attach_mcast(Context &ctx, Caller &caller, const Request &req);

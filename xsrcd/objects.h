@@ -276,6 +276,9 @@ struct RecvShadow {
 	uint64_t addr = 0;          // entry[0] in the owner's memory
 	uint32_t num_entries = 0;   // a power of two
 	uint32_t stride = 0;
+	// Per ring slot, 1 + the position of the receive the device took there
+	// last (recv_shadow_take); allocated at the first take.
+	std::vector<uint64_t> taken;
 };
 
 struct Qp {

@@ -99,11 +99,22 @@ uint32_t recv_shadow_check(Context &owner, const RecvShadow &shadow, std::option
 	return EACCES;
 }
 
-bool recv_shadow_take(Context &owner, const RecvShadow &shadow, RecvWqe &rwqe)
+bool recv_shadow_take(Context &owner, RecvShadow &shadow, uint64_t entries, RecvWqe &rwqe)
 {
 	if (!shadow.addr)
 		return true;  // an owner that keeps no shadow (older provider): the ring decides
-	return rwqe.from_ring && read_posted(owner, shadow, rwqe.pos, rwqe) == 0;
+	if (!rwqe.from_ring || read_posted(owner, shadow, rwqe.pos, rwqe) != 0)
+		return false;
+	// The record stays as it is until the owner posts into that slot again;
+	// a slot rewound to a position we took names a receive that completed,
+	// whose buffers may hold something else by now.
+	if (shadow.taken.size() != entries)
+		shadow.taken.assign(entries, 0);
+	uint64_t &last = shadow.taken[rwqe.pos & (entries - 1)];
+	if (last == rwqe.pos + 1)
+		return false;
+	last = rwqe.pos + 1;
+	return true;
 }
 
 }  // namespace xsrc

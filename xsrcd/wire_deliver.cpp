@@ -258,7 +258,7 @@ struct ReceiveSide {
 	Srq *srq = nullptr;
 	xsrc_recv_ring *ring = nullptr;
 	RecvShape shape;                     // as we made the ring (its header is anyone's to write)
-	const RecvShadow *shadow = nullptr;  // the owner's record of the ring's receives
+	RecvShadow *shadow = nullptr;        // the owner's record of the ring's receives
 	PdId pd;
 };
 
@@ -296,7 +296,7 @@ bool take_receive(Context &owner, ReceiveSide &r, RecvWqe &rwqe)
 			return false;
 		if (r.srq)
 			check_srq_limit(owner, *r.srq, r.ring);
-		if (recv_shadow_take(owner, *r.shadow, rwqe))
+		if (recv_shadow_take(owner, *r.shadow, r.shape.entries, rwqe))
 			return true;
 	}
 	return false;

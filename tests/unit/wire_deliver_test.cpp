@@ -408,6 +408,53 @@ TEST_F(WireDeliverTest, ForgedCqRingGeometryIsNotUsed)
 	EXPECT_EQ(buf[kGrh], 0x5a) << "the payload is where the ring we made keeps it";
 }
 
+// r9: the wire takes each receive the owner recorded once. A ring slot
+// rewound in the arena to a position taken before names a receive that
+// completed (its buffer may hold the application's data by now): it is
+// passed over, and the datagram finds no receive.
+TEST_F(WireDeliverTest, AReceiveRewoundInTheArenaIsNotTakenTwice)
+{
+	struct Entry {
+		xsrc_recv_shadow_entry head;
+		xsrc_sge sge[1];
+	} shadow[4]{};
+	xsrc_recv_shadow cmd{};
+	cmd.kind = XSRC_RECV_SHADOW_QP;
+	cmd.handle = qp.handle;
+	cmd.num_entries = 4;
+	cmd.stride = sizeof(Entry);
+	cmd.addr = reinterpret_cast<uintptr_t>(shadow);
+	ASSERT_EQ(run(XSRC_CMD_RECV_SHADOW, cmd), 0);
+	to_rtr();
+	post_recv(sizeof(buf));
+	shadow[0].head = {1, 7, 1, 0};  // posted at ring position 0
+	shadow[0].sge[0] = {reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	std::optional<xsrc_cqe> c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->status, IBV_WC_SUCCESS);
+	EXPECT_EQ(buf[kGrh], 0x5a);
+	std::memset(buf, 0, sizeof(buf));  // the application's again
+	// Rewound: the head back at 0, slot 0 posted again, the record unchanged.
+	store_release<__u64>(rq()->head, 0);
+	store_release<__u64>(recv_slot(rq(), 0)->seq, 1);
+	EXPECT_EQ(deliver({}), WireOutcome::dropped);
+	EXPECT_FALSE(completion());
+	EXPECT_EQ(buf[kGrh], 0) << "a completed receive's buffer was written again";
+	// Posted there again a lap on (ring and record): taken.
+	const uint64_t lap = rq()->num_entries;
+	store_release<__u64>(rq()->tail, lap);
+	store_release<__u64>(rq()->head, lap);
+	store_release<__u64>(recv_slot(rq(), lap)->seq, lap);
+	post_recv(sizeof(buf));
+	shadow[lap % 4].head = {lap + 1, 8, 1, 0};
+	shadow[lap % 4].sge[0] = {reinterpret_cast<uintptr_t>(buf), sizeof(buf), lkey};
+	EXPECT_EQ(deliver({}), WireOutcome::delivered);
+	c = completion();
+	ASSERT_TRUE(c);
+	EXPECT_EQ(c->wr_id, 8u);
+}
+
 // A QP going to RESET empties its receive ring by the shape the daemon made
 // it with: the forged one would have it write far outside the ring.
 TEST_F(WireDeliverTest, ResetEmptiesTheReceiveRingItMadeWhateverItsHeaderSays)
