@@ -141,11 +141,6 @@ inline bool cq_big_pool_sane(const CqShape &shape, uint64_t room)
 	return end <= room;
 }
 
-inline bool cq_big_pool_sane(const xsrc_cq_ring *ring, uint64_t room)
-{
-	return cq_big_pool_sane(cq_shape(ring), room);
-}
-
 inline uint64_t *cq_big_busy(xsrc_cq_ring *ring, const CqShape &shape)
 {
 	return reinterpret_cast<uint64_t *>(reinterpret_cast<unsigned char *>(ring) + cq_big_pool_off(shape));
