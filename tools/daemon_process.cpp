@@ -184,7 +184,7 @@ bool wait_until(std::chrono::milliseconds timeout, const std::function<bool()> &
 	return true;
 }
 
-std::string last_log_line(const fs::path &log)
+std::string log_tail(const fs::path &log)
 {
 	std::ifstream in(log, std::ios::binary | std::ios::ate);
 	if (!in)
@@ -197,6 +197,12 @@ std::string last_log_line(const fs::path &log)
 		tail.pop_back();
 	if (tail.empty())
 		return "(log is empty)";
+	return tail;
+}
+
+std::string last_log_line(const fs::path &log)
+{
+	std::string tail = log_tail(log);
 	return tail.substr(tail.rfind('\n') + 1);  // npos + 1 == 0: a single line
 }
 

@@ -32,6 +32,10 @@ std::optional<pid_t> running_xsrcd_from_pid_file(const RunDir &run);
 // Polls `done` until it returns true or `timeout` passes; returns its last answer.
 bool wait_until(std::chrono::milliseconds timeout, const std::function<bool()> &done);
 
+// The last 4 KiB of the log, trailing blank space trimmed; "(no log)" or
+// "(log is empty)" when there is nothing to show.
+std::string log_tail(const fs::path &log);
+
 // The last non-empty line of the log, for a one-line error report.
 std::string last_log_line(const fs::path &log);
 

@@ -204,17 +204,28 @@ std::string first_line(const fs::path &path)
 	return line;
 }
 
-// The devices' arenas and /dev/infiniband nodes a dead daemon left, as its
-// sysfs view names them (so only its own: another daemon's view is
-// elsewhere). Peers that still map an arena keep their copy.
-void remove_stale_device_files(const RunDir &run)
+// The devices' arenas, as the daemon's sysfs view names them (so only its
+// own: another daemon's view is elsewhere).
+std::vector<fs::path> device_arenas(const RunDir &run)
 {
+	std::vector<fs::path> arenas;
 	std::error_code ec;
 	for (const auto &dev : fs::directory_iterator(run.sysfs() / "class" / "infiniband", ec)) {
 		fs::path arena = first_line(dev.path() / XSRC_SYSFS_SHM_FILE);
-		if (arena.is_absolute() && arena.filename().string().starts_with("xsrc-") && fs::remove(arena, ec))
-			std::cerr << "xsrc: removed the stale arena " << arena.string() << "\n";
+		if (arena.is_absolute() && arena.filename().string().starts_with("xsrc-"))
+			arenas.push_back(std::move(arena));
 	}
+	return arenas;
+}
+
+// The devices' arenas and /dev/infiniband nodes a dead daemon left, as its
+// sysfs view names them. Peers that still map an arena keep their copy.
+void remove_stale_device_files(const RunDir &run)
+{
+	std::error_code ec;
+	for (const fs::path &arena : device_arenas(run))
+		if (fs::remove(arena, ec))
+			std::cerr << "xsrc: removed the stale arena " << arena.string() << "\n";
 	for (const auto &uv : fs::directory_iterator(run.sysfs() / "class" / "infiniband_verbs", ec)) {
 		const std::string name = uv.path().filename().string();
 		const std::string devnum = first_line(uv.path() / "dev");
@@ -374,6 +385,27 @@ int command_up(const Options &opts)
 	return 0;
 }
 
+// A daemon that exited and left a device's arena behind did not stop the
+// way it should: remove the file, and say what its log ended with (the log
+// goes with the run directory).
+void report_arenas_left(const std::vector<fs::path> &arenas, const RunDir &run)
+{
+	bool left = false;
+	for (const fs::path &arena : arenas) {
+		std::error_code ec;
+		if (!fs::exists(fs::symlink_status(arena, ec)))
+			continue;
+		left = true;
+		std::cerr << "xsrc: xsrcd exited but left its arena " << arena.string() << " behind; ";
+		if (fs::remove(arena, ec))
+			std::cerr << "removed it\n";
+		else
+			std::cerr << "cannot remove it: " << ec.message() << "\n";
+	}
+	if (left)
+		std::cerr << "xsrc: the end of xsrcd's log (" << run.log().string() << "):\n" << log_tail(run.log()) << "\n";
+}
+
 int command_down(const Options &opts)
 {
 	require_root();
@@ -390,6 +422,8 @@ int command_down(const Options &opts)
 		return 0;
 	}
 
+	// What the daemon must unlink as it stops, named while its view is up.
+	const std::vector<fs::path> arenas = device_arenas(run);
 	auto reply = control_request(run.socket(), "shutdown");
 	if (!reply) {
 		if (auto pid = running_xsrcd_from_pid_file(run))
@@ -405,6 +439,7 @@ int command_down(const Options &opts)
 	pid_t pid = reply->daemon_pid;
 	if (pid > 0 && !wait_until(kDaemonTimeout, [&] { return !process_running(pid); }))
 		throw CliError(daemon_timeout_message(pid, run, "did not exit"));
+	report_arenas_left(arenas, run);
 	if (clean_up_after_daemon(run)) {
 		std::error_code ec;
 		fs::remove(run.log(), ec);  // a clean run's log is of no further use
