@@ -53,9 +53,10 @@ static bool progress_link_due(xsrc_qp *&head, xsrc_qp *qp, uint64_t at_ns) noexc
 		if (link.at_ns <= at_ns)
 			return false;
 		link.at_ns = at_ns;
+		link.deferral = false;
 		return true;
 	}
-	link = {head, at_ns, true};
+	link = {head, at_ns, true, false};
 	head = qp;
 	return true;
 }
@@ -78,6 +79,30 @@ void Progress::schedule(xsrc_qp *qp, uint64_t at_ns) noexcept
 		std::lock_guard guard(lock_);
 		bool earlier = progress_link_due(due_, qp, at_ns);
 		if (!start_locked() || !earlier)
+			return;
+	}
+	wake_.notify_one();
+}
+
+// A deferred batch's deadline replaces the previous batch's (which the
+// posts ran: visiting the QP then would only contend for its sq_lock with
+// the thread that posts), never a retry's. Only a QP linked anew wakes the
+// thread; one whose deadline moved later makes it wait on.
+void Progress::defer(xsrc_qp *qp, uint64_t at_ns) noexcept
+{
+	{
+		std::lock_guard guard(lock_);
+		auto &link = qp->progress_link;
+		if (link.queued) {
+			if (link.deferral && busy_ != qp)
+				link.at_ns = at_ns;
+			else
+				progress_link_due(due_, qp, at_ns);
+			return;
+		}
+		progress_link_due(due_, qp, at_ns);
+		link.deferral = true;
+		if (!start_locked())
 			return;
 	}
 	wake_.notify_one();
@@ -151,6 +176,15 @@ void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noex
 	guard.unlock();
 	if (p)
 		p->schedule(qp, at_ns);
+}
+
+void xsrc_progress_defer(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept
+{
+	std::unique_lock guard(ctx->progress_lock);
+	xsrc::Progress *p = ctx->progress.get();
+	guard.unlock();
+	if (p)
+		p->defer(qp, at_ns);
 }
 
 void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept

@@ -27,6 +27,7 @@ public:
 	Progress &operator=(const Progress &) = delete;
 
 	void schedule(xsrc_qp *qp, uint64_t at_ns) noexcept;
+	void defer(xsrc_qp *qp, uint64_t at_ns) noexcept;
 	void forget(xsrc_qp *qp) noexcept;  // the QP is being destroyed
 
 private:

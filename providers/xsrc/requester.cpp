@@ -305,10 +305,10 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 	}
 	if (defer) {
 		qp->sq.push_next();
-		// The deadline: one wake-up of the thread per kDeferNs at most (a
-		// QP already due no later is left as it is).
+		// The deadline, which replaces the last batch's: while the posts
+		// end each batch the thread stays away.
 		qp->deferred_at_ns = xsrc_requester_now_ns();
-		xsrc_progress_schedule(ctx, qp, qp->deferred_at_ns + kDeferNs);
+		xsrc_progress_defer(ctx, qp, qp->deferred_at_ns + kDeferNs);
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.

@@ -365,6 +365,7 @@ struct xsrc_qp {
 		xsrc_qp *next = nullptr;
 		uint64_t at_ns = 0;
 		bool queued = false;
+		bool deferral = false;  // at_ns is a deferred batch's deadline, nothing earlier
 	} progress_link;
 };
 
@@ -614,9 +615,12 @@ void xsrc_context_raise_event(xsrc_context *ctx, uint32_t kind, uint64_t object)
 
 // progress.cpp: the thread that retries blocked work. prepare() before a
 // QP may need it (returns 0 or errno); schedule() neither allocates nor
-// throws (the thread starts on the first one).
+// throws (the thread starts on the first one). defer() sets the deadline of
+// the QP's deferred batch, later than an earlier batch's if that is all the
+// QP was due for: a QP that keeps posting is not visited.
 int xsrc_progress_prepare(xsrc_context *ctx) noexcept;
 void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept;
+void xsrc_progress_defer(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept;
 void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept;
 
 // mw.cpp: memory windows (driver ABI r4).
