@@ -56,6 +56,8 @@ bool xsrc_peer_mr_range(const xsrc_mr_entry *mr, uint32_t owner_pid, xsrc::PdId 
 bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe, bool write,
 			     xsrc_local_buffers &out)
 {
+	out.count = 0;
+	out.total = 0;
 	if (wqe.inline_len || (wqe.flags & IBV_SEND_INLINE)) {
 		out.iov[0] = {wqe.inline_data, wqe.inline_len};
 		out.count = wqe.inline_len ? 1 : 0;

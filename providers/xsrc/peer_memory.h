@@ -36,7 +36,7 @@ struct xsrc_local_buffers {
 	uint64_t total = 0;
 };
 
-// False when an lkey does not allow it, or names pages of an ODP MR that
+// Fills `out` (whatever it held). False when an lkey does not allow it, or names pages of an ODP MR that
 // are not mapped (IBV_WC_LOC_PROT_ERR).
 bool xsrc_peer_local_buffers(xsrc_context *ctx, const xsrc_qp *qp, const xsrc_send_wqe &wqe, bool write,
 			     xsrc_local_buffers &out);

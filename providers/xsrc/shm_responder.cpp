@@ -947,6 +947,23 @@ struct BatchItem {
 	uint64_t va = 0;
 };
 
+}  // namespace
+
+// A QP's batch items and the iovecs of a batch's one copy: on the heap,
+// made at its first batch (about 42 KiB, too much for the stack of an
+// application thread that posts).
+struct xsrc_batch_scratch {
+	std::array<BatchItem, xsrc_batch_max> items;
+	std::array<iovec, kBatchIov> local, remote;
+};
+
+void xsrc_batch_scratch_free(xsrc_batch_scratch *scratch) noexcept
+{
+	delete scratch;
+}
+
+namespace {
+
 // The checks of responder_remote_access() for one RDMA WRITE or atomic,
 // without an effect: true when the batch may carry it; false when it is
 // for execute() (an error to report, an empty write, a segment mapped
@@ -975,9 +992,10 @@ bool batch_check(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe &wqe, const
 // merged). A copy that stops part way completes the WQEs it covered; the
 // rest go to execute(), which writes the same bytes again and reports.
 size_t batch_write(xsrc_context *ctx, const Responder &r, const xsrc_send_wqe *const *wqes, size_t n,
-		   BatchItem *items, Result *out)
+		   xsrc_batch_scratch &scratch, Result *out)
 {
-	std::array<iovec, kBatchIov> local, remote;
+	const BatchItem *items = scratch.items.data();
+	std::array<iovec, kBatchIov> &local = scratch.local, &remote = scratch.remote;
 	size_t nlocal = 0, nremote = 0, k = 0;
 	uint64_t total = 0;
 	for (; k < n && wqes[k]->opcode == IBV_WR_RDMA_WRITE; ++k) {
@@ -1056,7 +1074,7 @@ size_t batch_atomics(xsrc_context *ctx, const Responder &r, const xsrc_send_wqe 
 		     BatchItem *items, Result *out)
 {
 	constexpr size_t kWords = xsrc_peer_atomic_locks::kMax;
-	uint64_t va[kWords], value[kWords], before[kWords], original[kWords];
+	uint64_t va[kWords] = {}, value[kWords], before[kWords], original[kWords];
 	size_t word_of[kWords];
 	size_t words = 0, k = 0;
 	for (; k < n && k < kWords && remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC; ++k) {
@@ -1122,7 +1140,12 @@ size_t shm_execute_batch(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe *co
 	uint32_t generation = atomic(r.qp->generation).load(std::memory_order_acquire);
 	// The run the checks let through, of one kind: writes or atomics.
 	bool atomics = remote_access_needed(wqes[0]->opcode) == IBV_ACCESS_REMOTE_ATOMIC;
-	std::array<BatchItem, xsrc_batch_max> items;
+	if (!qp->batch) {
+		qp->batch.reset(new (std::nothrow) xsrc_batch_scratch);
+		if (!qp->batch)
+			return 0;  // execute() takes them one by one
+	}
+	std::array<BatchItem, xsrc_batch_max> &items = qp->batch->items;
 	size_t k = 0;
 	for (; k < n && k < items.size(); ++k) {
 		if ((remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC) != atomics ||
@@ -1132,7 +1155,7 @@ size_t shm_execute_batch(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_wqe *co
 	if (k == 0)
 		return 0;
 	size_t done = atomics ? batch_atomics(ctx, r, wqes, k, items.data(), out)
-			      : batch_write(ctx, r, wqes, k, items.data(), out);
+			      : batch_write(ctx, r, wqes, k, *qp->batch, out);
 	if (done && remote_error(out[done - 1])) {
 		if (responder_gone(ctx, r, generation))
 			out[done - 1] = Result::unreachable();

@@ -21,7 +21,7 @@ struct xsrc_send_wqe;
 struct xsrc_recv_ring;
 
 // The most WQEs one execute_batch() is given.
-constexpr size_t xsrc_batch_max = 32;
+constexpr size_t xsrc_batch_max = 64;
 
 // The outcome of one attempt at a WQE.
 // posted: the engine took the message and completes it itself later (RC on

@@ -310,6 +310,13 @@ struct xsrc_ah {
 
 struct xsrc_rss;
 
+// shm_responder.cpp: what a batch of WQEs (transport.h) works in.
+struct xsrc_batch_scratch;
+void xsrc_batch_scratch_free(xsrc_batch_scratch *scratch) noexcept;
+struct xsrc_batch_scratch_deleter {
+	void operator()(xsrc_batch_scratch *scratch) const noexcept { xsrc_batch_scratch_free(scratch); }
+};
+
 struct xsrc_qp {
 	verbs_qp vqp;
 	xsrc::Qpn qpn;
@@ -352,6 +359,7 @@ struct xsrc_qp {
 	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
 	// max_send_wr + 1 staged WQEs (one more always fails), then a scratch
 	// slot that takes what no one will read.
+	std::unique_ptr<xsrc_batch_scratch, xsrc_batch_scratch_deleter> batch; // under sq_lock (shm_responder.cpp)
 	xsrc_wqe_slots staged;
 	size_t staged_count = 0;
 	xsrc_send_wqe *wr_current = nullptr; // what wr_set_* fill

@@ -70,6 +70,39 @@ TEST_F(Batch, UnsignaledWritesLandAndGapsStay)
 	EXPECT_EQ(peer_bad_bytes(target_, kPeerFill, 4096 + 256), 0u) << "after them";
 }
 
+// Round after round of batches on one QP (each reuses what the last one
+// worked in): every round completes and lands, with an SGE list of two
+// pieces now and then so that a batch item's pieces change in number.
+TEST_F(Batch, ManyBatchesOnOneQpEachLand)
+{
+	constexpr int kRounds = 100, kWrites = 40;
+	for (int round = 0; round < kRounds; ++round) {
+		for (int i = 0; i < kWrites; ++i) {
+			uint64_t wr_id = uint64_t(round) * kWrites + i;
+			bool last = i == kWrites - 1;
+			if (i % 7 == 3) {  // 4 + 4 bytes from two pieces of src_
+				ibv_sge sges[2] = {{src_->addr(), 4, src_->lkey()}, {src_->addr() + 512, 4, src_->lkey()}};
+				SendWr w(wr_id, IBV_WR_RDMA_WRITE, 0, 0, 0, last ? IBV_SEND_SIGNALED : 0);
+				w.rdma(target_.addr + 64 * i, target_.rkey);
+				w.wr.sg_list = sges;
+				w.wr.num_sge = 2;
+				ibv_send_wr *bad = nullptr;
+				ASSERT_EQ(ibv_post_send(pair_.qp, &w.wr, &bad), 0);
+			} else {
+				ASSERT_EQ(write8(wr_id, 0, 64 * i, last), 0) << "round " << round << " write " << i;
+			}
+		}
+		ibv_wc wc{};
+		ASSERT_TRUE(one_completion(cq_, &wc)) << "round " << round;
+		ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << "round " << round << ": " << status_str(wc.status);
+		ASSERT_EQ(wc.wr_id, uint64_t(round) * kWrites + kWrites - 1);
+	}
+	for (int i = 0; i < kWrites; ++i) {
+		EXPECT_EQ(peer64(64 * i), kFill64) << "word at " << 64 * i;
+		EXPECT_EQ(peer_bad_bytes(target_, kPeerFill, 64 * i + 8, 56), 0u) << "gap after " << 64 * i;
+	}
+}
+
 // Writes to the same bytes in one batch: the later one wins, as posted.
 TEST_F(Batch, LaterWriteToTheSameBytesWins)
 {
