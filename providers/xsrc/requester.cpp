@@ -26,9 +26,13 @@ constexpr uint64_t kAckTimeoutCapNs = 1000000000ull;
 constexpr uint64_t kNsPerUs = 1000;
 
 // Deferred WQEs: at most this many in one batch, and this long before the
-// progress thread runs them for a QP that neither posts nor polls.
+// progress thread runs them for a QP that neither posts nor polls; the
+// longer deadline once a post ended the QP's last batch (it streams: each
+// deadline the thread waits out costs the posting thread a wake-up of the
+// progress thread, on its own CPU when the process is pinned to one).
 constexpr size_t kBatchMax = xsrc_batch_max;
 constexpr uint64_t kDeferNs = 100 * kNsPerUs;
+constexpr uint64_t kDeferStreamingNs = 1000 * kNsPerUs;
 // After deferred WQEs waited out their deadline, this many posts that could
 // be deferred are not (the deadline costs a ping-pong one round trip).
 constexpr uint32_t kDeferHoldoffPosts = 4096;
@@ -299,6 +303,7 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		if (defer)
 			return;
 		// Deferred work, and this one ends the batch: all of it now.
+		qp->defer_streaming = true;
 		if (uint64_t next = xsrc_requester_progress(qp))
 			xsrc_progress_schedule(ctx, qp, next);
 		return;
@@ -307,8 +312,8 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 		qp->sq.push_next();
 		// The deadline, which replaces the last batch's: while the posts
 		// end each batch the thread stays away.
-		qp->deferred_at_ns = xsrc_requester_now_ns();
-		xsrc_progress_defer(ctx, qp, qp->deferred_at_ns + kDeferNs);
+		qp->deferred_due_ns = xsrc_requester_now_ns() + (qp->defer_streaming ? kDeferStreamingNs : kDeferNs);
+		xsrc_progress_defer(ctx, qp, qp->deferred_due_ns);
 		return;
 	}
 	// The fast path: nothing queued, try it now without queueing it.
@@ -329,10 +334,11 @@ void xsrc_requester_post(xsrc_qp *qp) noexcept
 uint64_t xsrc_requester_progress_due(xsrc_qp *qp) noexcept
 {
 	if (!qp->sq.empty() && !qp->retry_at_ns) {
-		uint64_t due = qp->deferred_at_ns + kDeferNs;
+		uint64_t due = qp->deferred_due_ns;
 		if (xsrc_requester_now_ns() < due)
 			return due;  // a batch younger than the deadline: the posts end it
 		qp->defer_holdoff = kDeferHoldoffPosts;
+		qp->defer_streaming = false;
 	}
 	return xsrc_requester_progress(qp);
 }

@@ -1074,15 +1074,18 @@ size_t batch_atomics(xsrc_context *ctx, const Responder &r, const xsrc_send_wqe 
 		     BatchItem *items, Result *out)
 {
 	constexpr size_t kWords = xsrc_peer_atomic_locks::kMax;
-	uint64_t va[kWords] = {}, value[kWords], before[kWords], original[kWords];
-	size_t word_of[kWords];
+	uint64_t va[kWords] = {}, value[kWords], before[kWords], original[xsrc_batch_max];
+	size_t word_of[xsrc_batch_max];
 	size_t words = 0, k = 0;
-	for (; k < n && k < kWords && remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC; ++k) {
+	for (; k < n && remote_access_needed(wqes[k]->opcode) == IBV_ACCESS_REMOTE_ATOMIC; ++k) {
 		size_t w = 0;
 		while (w < words && va[w] != items[k].va)
 			++w;
-		if (w == words)
+		if (w == words) {
+			if (words == kWords)
+				break;  // as many words as one batch locks
 			va[words++] = items[k].va;
+		}
 		word_of[k] = w;
 	}
 	pid_t pid = static_cast<pid_t>(r.owner_pid);

@@ -21,7 +21,7 @@ struct xsrc_send_wqe;
 struct xsrc_recv_ring;
 
 // The most WQEs one execute_batch() is given.
-constexpr size_t xsrc_batch_max = 64;
+constexpr size_t xsrc_batch_max = 128;
 
 // The outcome of one attempt at a WQE.
 // posted: the engine took the message and completes it itself later (RC on
@@ -94,7 +94,8 @@ const xsrc_transport *xsrc_route(ibv_context *ctx, const ibv_ah_attr &ah);
 // unsignaled RDMA WRITE or atomic of a QP that posts faster than its send
 // CQ is polled is deferred instead, into a batch that runs in one go when
 // a signaled or other WQE follows, when the batch is full, or after
-// kDeferNs at the latest (the progress thread: xsrc_requester_progress_due).
+// kDeferNs at the latest (kDeferStreamingNs once posts ended the last batch;
+// the progress thread: xsrc_requester_progress_due).
 void xsrc_requester_post(xsrc_qp *qp) noexcept;
 // The progress thread's pass: as xsrc_requester_progress(), but deferred
 // WQEs wait for their deadline, and a QP whose deferred WQEs reached it

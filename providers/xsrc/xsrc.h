@@ -353,7 +353,8 @@ struct xsrc_qp {
 	bool destroying = false;         // under sq_lock: no early retry may schedule it again
 	// sq holds deferred WQEs (none blocked): retry_at_ns is 0 then.
 	uint64_t send_cq_polls_seen = UINT64_MAX; // send_cq->polls at the last post
-	uint64_t deferred_at_ns = 0;     // when the oldest deferred WQE was posted
+	uint64_t deferred_due_ns = 0;    // when the progress thread runs the deferred WQEs
+	bool defer_streaming = false;    // a post ended the last batch; none waited out its deadline since
 	uint32_t defer_holdoff = 0;      // posts that may not be deferred (a ping-pong was seen)
 
 	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
