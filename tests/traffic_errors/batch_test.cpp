@@ -189,6 +189,29 @@ TEST_F(Batch, DeferredWritesMoveWithoutAnotherCall)
 	EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
 }
 
+// The same after the QP streamed (posts ended its runs, so the progress
+// thread gives its next run the longer deadline): the run still moves.
+TEST_F(Batch, DeferredWritesMoveWithoutAnotherCallAfterStreaming)
+{
+	for (int round = 0; round < 20; ++round) {
+		for (int i = 0; i < 30; ++i)
+			ASSERT_EQ(write8(100 + i, 0, 2048 + 64 * (i % 8), i == 29), 0);
+		ibv_wc wc{};
+		ASSERT_TRUE(one_completion(cq_, &wc)) << "round " << round;
+		ASSERT_EQ(wc.status, IBV_WC_SUCCESS) << status_str(wc.status);
+	}
+	for (int i = 0; i < 4; ++i)
+		ASSERT_EQ(write8(i, 0, 64 * i, false), 0);
+	auto deadline = Clock::now() + 2s;
+	size_t bad = 1;
+	while (bad && Clock::now() < deadline) {
+		bad = 0;
+		for (int i = 0; i < 4; ++i)
+			bad += peer64(64 * i) != kFill64;
+	}
+	EXPECT_EQ(bad, 0u) << "deferred writes did not land within 2 s";
+}
+
 // Destroying a QP with deferred writes: they move first.
 TEST_F(Batch, DeferredWritesMoveBeforeDestroy)
 {
