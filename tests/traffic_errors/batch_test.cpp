@@ -11,6 +11,9 @@ namespace {
 // Batches
 // ===============================================================================
 
+constexpr uint64_t kFill64 = 0x3C3C3C3C3C3C3C3Cull;  // 8 bytes of kSrcFill
+constexpr uint64_t kPeer64 = 0xA5A5A5A5A5A5A5A5ull;  // 8 bytes of kPeerFill
+
 class Batch : public Traffic {
 protected:
 	void SetUp() override
@@ -36,6 +39,19 @@ protected:
 	{
 		return peer().call(Msg("read64").set("mr", target_.id).set("off", off)).u64("value");
 	}
+	// How many of the first `words` words at a 64-byte stride of the target
+	// still do not hold src_'s bytes when they all do or `wait` is over.
+	size_t words_not_written_within(int words, ms wait)
+	{
+		auto deadline = Clock::now() + wait;
+		size_t bad = 1;
+		while (bad && Clock::now() < deadline) {
+			bad = 0;
+			for (int i = 0; i < words; ++i)
+				bad += peer64(64 * i) != kFill64;
+		}
+		return bad;
+	}
 
 	uint64_t pcq_ = 0;
 	PeerMr target_;
@@ -43,9 +59,6 @@ protected:
 	Pair pair_;
 	Buffer *src_ = nullptr;
 };
-
-constexpr uint64_t kFill64 = 0x3C3C3C3C3C3C3C3Cull;  // 8 bytes of kSrcFill
-constexpr uint64_t kPeer64 = 0xA5A5A5A5A5A5A5A5ull;  // 8 bytes of kPeerFill
 
 // 64 unsignaled writes, 8 bytes each at a 64-byte stride (as perftest's
 // ib_write_bw -s 8), then 32 adjacent ones, the last signaled: one completion,
@@ -174,14 +187,7 @@ TEST_F(Batch, DeferredWritesMoveWithoutAnotherCall)
 {
 	for (int i = 0; i < 4; ++i)
 		ASSERT_EQ(write8(i, 0, 64 * i, false), 0);
-	auto deadline = Clock::now() + 2s;
-	size_t bad = 1;
-	while (bad && Clock::now() < deadline) {
-		bad = 0;
-		for (int i = 0; i < 4; ++i)
-			bad += peer64(64 * i) != kFill64;
-	}
-	EXPECT_EQ(bad, 0u) << "deferred writes did not land within 2 s";
+	EXPECT_EQ(words_not_written_within(4, 2s), 0u) << "deferred writes did not land within 2 s";
 	ASSERT_EQ(write8(4, 0, 64 * 4, true), 0);
 	ibv_wc wc{};
 	ASSERT_TRUE(one_completion(cq_, &wc));
@@ -202,14 +208,7 @@ TEST_F(Batch, DeferredWritesMoveWithoutAnotherCallAfterStreaming)
 	}
 	for (int i = 0; i < 4; ++i)
 		ASSERT_EQ(write8(i, 0, 64 * i, false), 0);
-	auto deadline = Clock::now() + 2s;
-	size_t bad = 1;
-	while (bad && Clock::now() < deadline) {
-		bad = 0;
-		for (int i = 0; i < 4; ++i)
-			bad += peer64(64 * i) != kFill64;
-	}
-	EXPECT_EQ(bad, 0u) << "deferred writes did not land within 2 s";
+	EXPECT_EQ(words_not_written_within(4, 2s), 0u) << "deferred writes did not land within 2 s";
 }
 
 // Destroying a QP with deferred writes: they move first.
