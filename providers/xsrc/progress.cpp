@@ -86,23 +86,23 @@ void Progress::schedule(xsrc_qp *qp, uint64_t at_ns) noexcept
 
 // A deferred batch's deadline replaces the previous batch's (which the
 // posts ran: visiting the QP then would only contend for its sq_lock with
-// the thread that posts), never a retry's. Only a QP linked anew wakes the
-// thread; one whose deadline moved later makes it wait on.
+// the thread that posts), never a retry's. The thread is woken only for a
+// deadline earlier than it had; one that moved later makes it wait on.
 void Progress::defer(xsrc_qp *qp, uint64_t at_ns) noexcept
 {
 	{
 		std::lock_guard guard(lock_);
 		auto &link = qp->progress_link;
-		if (link.queued) {
-			if (link.deferral && busy_ != qp)
-				link.at_ns = at_ns;
-			else
-				progress_link_due(due_, qp, at_ns);
-			return;
+		bool earlier;
+		if (link.queued && link.deferral) {
+			earlier = at_ns < link.at_ns;
+			link.at_ns = at_ns;
+		} else {
+			bool linked = !link.queued;
+			earlier = progress_link_due(due_, qp, at_ns);
+			link.deferral = linked;  // not over a retry's time
 		}
-		progress_link_due(due_, qp, at_ns);
-		link.deferral = true;
-		if (!start_locked())
+		if (!start_locked() || !earlier)
 			return;
 	}
 	wake_.notify_one();
