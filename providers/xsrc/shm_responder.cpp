@@ -620,10 +620,22 @@ struct RemoteAccess {
 	xsrc_local_buffers &local;
 	iovec remote;
 	xsrc_peer_path path;
-	xsrc_peer_copy copy;  // the same access through the device
 	unsigned char *mapped = nullptr;  // `remote` in a segment attached here (peer_shm.h)
 
 	pid_t peer() const { return static_cast<pid_t>(r.owner_pid); }
+	// The same access through the device (made only on that path: the
+	// others need none of it).
+	xsrc_peer_copy device_copy(xsrc_peer_copy::op what) const
+	{
+		xsrc_peer_copy copy = responder_copy(qp, r);
+		copy.what = what;
+		copy.kind = xsrc_peer_copy::key_kind::rkey;
+		copy.key = wqe.rkey.value();
+		copy.peer_addr = wqe.remote_addr;
+		copy.compare_add = wqe.compare_add;
+		copy.swap = wqe.swap;
+		return copy;
+	}
 	Result copy_failed(int err)
 	{
 		if (err == ESRCH || err == EAGAIN)
@@ -679,8 +691,8 @@ Result RemoteAccess::atomic_op()
 		path = xsrc_peer_refused(ctx, r.owner_pid);
 	if (path == xsrc_peer_path::none)
 		return Result::unreachable();
-	copy.what = wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? xsrc_peer_copy::op::fetch_add
-							       : xsrc_peer_copy::op::cmp_swap;
+	xsrc_peer_copy copy = device_copy(wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ? xsrc_peer_copy::op::fetch_add
+										  : xsrc_peer_copy::op::cmp_swap);
 	if (int err = xsrc_peer_device_copy(ctx, qp, copy, local.iov.data(), 1, kAtomicBytes))
 		return copy_failed(err);
 	return Result::done(kAtomicBytes);
@@ -709,8 +721,8 @@ Result RemoteAccess::atomic_write(uint64_t value)
 	}
 	if (path == xsrc_peer_path::none)
 		return Result::unreachable();
-	copy.what = xsrc_peer_copy::op::write;
-	if (int err = xsrc_peer_device_copy(ctx, qp, copy, &val_iov, 1, kAtomicBytes))
+	if (int err = xsrc_peer_device_copy(ctx, qp, device_copy(xsrc_peer_copy::op::write), &val_iov, 1,
+					    kAtomicBytes))
 		return copy_failed(err);
 	return Result::done(kAtomicBytes);
 }
@@ -741,7 +753,7 @@ std::optional<Result> RemoteAccess::move_bytes(bool read)
 	if (path == xsrc_peer_path::none)
 		return Result::unreachable();
 	if (path == xsrc_peer_path::device) {
-		copy.what = read ? xsrc_peer_copy::op::read : xsrc_peer_copy::op::write;
+		xsrc_peer_copy copy = device_copy(read ? xsrc_peer_copy::op::read : xsrc_peer_copy::op::write);
 		if (int err = xsrc_peer_device_copy(ctx, qp, copy, local.iov.data(), local.count, local.total))
 			return copy_failed(err);
 	}
@@ -791,12 +803,7 @@ Result responder_remote_access(xsrc_context *ctx, xsrc_qp *qp, const xsrc_send_w
 	if (key->bound_qpn && key->bound_qpn != r.qp->qpn)
 		return responder_access_error(ctx, r);
 	RemoteAccess access{ctx, qp, wqe, r, local, {reinterpret_cast<void *>(va), local.total},
-			    xsrc_peer_path_to(ctx, r.owner_pid), responder_copy(qp, r)};
-	access.copy.kind = xsrc_peer_copy::key_kind::rkey;
-	access.copy.key = wqe.rkey.value();
-	access.copy.peer_addr = wqe.remote_addr;
-	access.copy.compare_add = wqe.compare_add;
-	access.copy.swap = wqe.swap;
+			    xsrc_peer_path_to(ctx, r.owner_pid)};
 	// Checked above on the entry as it is now, as on every operation.
 	if (access.path == xsrc_peer_path::direct)
 		access.mapped = ctx->shm_maps.find(*key, wqe.rkey.value(), r.owner_pid, va, local.total);
