@@ -193,11 +193,8 @@ bool cq_arms_with_tail([[maybe_unused]] const xsrc_context *ctx)
 // not is left out of the shape, and never announced.
 xsrc_cq_ring *cq_ring_at(xsrc_context *ctx, uint64_t off, xsrc::CqShape &shape)
 {
-	auto *ring = ctx->arena.at<xsrc_cq_ring>(off);
+	auto *ring = xsrc_cq_ring_at(ctx->arena, off, shape);
 	if (!ring)
-		return nullptr;
-	shape = xsrc::cq_shape(ring);
-	if (!xsrc::cq_shape_fits(shape, ctx->arena.size - off))
 		return nullptr;
 	if (!xsrc::cq_big_pool_sane(shape, ctx->arena.size - off))
 		shape.big_slots = shape.big_stride = 0;
@@ -534,17 +531,17 @@ void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, 
 {
 	if (!ring_off)
 		ring_off = arena_offset(ctx, ring);
-	xsrc_cq_complete(ctx, ring, xsrc::cq_shape(ring), ring_off, cqe, payload);
+	// The shape is read from the header, which anyone may write: a ring that
+	// says it reaches past the arena gets nothing from us.
+	const xsrc::CqShape shape = xsrc::cq_shape(ring);
+	if (!xsrc::cq_shape_fits(shape, ctx->arena.size - ring_off))
+		return;
+	xsrc_cq_complete(ctx, ring, shape, ring_off, cqe, payload);
 }
 
 void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t ring_off,
 		      const xsrc_cqe &cqe, xsrc::CqPayload payload) noexcept
 {
-	// The shape is read from the header, which anyone may write: a ring that
-	// says it reaches past the arena gets nothing from us (and a big slot
-	// claimed in it stays taken).
-	if (!xsrc::cq_shape_fits(shape, ctx->arena.size - ring_off))
-		return;
 	switch (xsrc::cq_push_notify(ring, shape, cqe, payload, xsrc::kUnboundedTries)) {
 	case xsrc::CqPushed::full:
 		if (xsrc::cq_first_overrun(ring))

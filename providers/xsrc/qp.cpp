@@ -233,7 +233,7 @@ ibv_qp *qp_create(ibv_context *ibctx, ibv_qp_init_attr_ex *attr)
 	}
 	qp->qpn = xsrc::Qpn(qp->vqp.qp.qp_num);
 	qp->entry = ctx->arena.qp(qp->qpn);
-	qp->rq = xsrc_own_recv_ring(ctx->arena, resp.driver().rq_off, qp->rq_shape);
+	qp->rq = xsrc_recv_ring_at(ctx->arena, resp.driver().rq_off, qp->rq_shape);
 	bool has_rq = qp_has_recv_queue(attr->qp_type);
 	qp->send_cq = attr->send_cq ? to_xsrc_cq(attr->send_cq) : nullptr;
 	qp->recv_cq = has_rq && attr->recv_cq ? to_xsrc_cq(attr->recv_cq) : nullptr;

@@ -53,12 +53,7 @@ struct Responder {
 // that shape does not fit the arena.
 void responder_use_ring(xsrc_context *ctx, uint64_t off, Responder &r)
 {
-	r.rq = ctx->arena.at<xsrc_recv_ring>(off);
-	if (!r.rq)
-		return;
-	r.rq_shape = xsrc::recv_shape(r.rq);
-	if (!xsrc::recv_shape_fits(r.rq_shape, ctx->arena.size - off))
-		r.rq = nullptr;
+	r.rq = xsrc_recv_ring_at(ctx->arena, off, r.rq_shape);
 }
 
 // The SRQ an XRC message names (XRCETH): live, XRC, and of the receive QP's
@@ -264,12 +259,9 @@ ibv_grh responder_ud_grh(const xsrc_send_wqe &wqe, uint64_t payload_len)
 // The ring's shape is read once, and all of it placed by that copy.
 bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const iovec &to, xsrc::CqPayload payload)
 {
-	auto *ring = ctx->arena.at<xsrc_cq_ring>(r.cq_off);
+	xsrc::CqShape shape;
+	xsrc_cq_ring *ring = xsrc_cq_ring_at(ctx->arena, r.cq_off, shape);
 	if (!ring)
-		return false;
-	const xsrc::CqShape shape = xsrc::cq_shape(ring);
-	const uint64_t room = ctx->arena.size - r.cq_off;
-	if (!xsrc::cq_shape_fits(shape, room))
 		return false;
 	if (to.iov_len <= shape.payload_stride) {
 		c.flags |= XSRC_CQE_DEFERRED;
@@ -279,7 +271,7 @@ bool responder_defer(xsrc_context *ctx, const Responder &r, xsrc_cqe &c, const i
 	}
 #if XSRC_DRIVER_ABI_REVISION >= 5
 	// Big slots only for an owner that places them (older providers don't).
-	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(shape, room) || to.iov_len > shape.big_stride)
+	if (!xsrc::load_acquire(ring->big_polled) || !xsrc::cq_big_pool_sane(shape, ctx->arena.size - r.cq_off) || to.iov_len > shape.big_stride)
 		return false;
 	int slot = xsrc::cq_big_claim(ring, shape, r.qp->qpn);
 	if (slot < 0)

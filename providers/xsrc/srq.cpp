@@ -39,7 +39,7 @@ ibv_srq *srq_finish(xsrc_context *ctx, xsrc_srq *srq, create_srq_resp &resp, uin
 {
 	srq->vsrq.srq_num = resp.core()->srqn;
 	const xsrc_create_srq_resp &drv = resp.driver();
-	srq->ring = xsrc_own_recv_ring(ctx->arena, drv.ring_off, srq->ring_shape);
+	srq->ring = xsrc_recv_ring_at(ctx->arena, drv.ring_off, srq->ring_shape);
 	srq->srqn = xsrc::Srqn(srq->vsrq.srq_num);
 	srq->max_sge = max_sge;
 	if (!srq->ring) {

@@ -554,10 +554,10 @@ inline bool xsrc_recv_post(xsrc_recv_ring *ring, const xsrc::RecvShape &shape, x
 			       [&](uint64_t pos) { shadow.record(pos, *wr); });
 }
 
-// Our receive ring at `off` (a QP's or an SRQ's), its shape read once into
-// `shape`: null when that shape does not fit the arena (its header is
-// anyone's to write).
-inline xsrc_recv_ring *xsrc_own_recv_ring(const xsrc::Arena &arena, uint64_t off, xsrc::RecvShape &shape)
+// The receive ring at `off` (a QP's or an SRQ's, ours or a peer's), its
+// shape read once into `shape`: null when that shape does not fit the arena
+// (its header is anyone's to write).
+inline xsrc_recv_ring *xsrc_recv_ring_at(const xsrc::Arena &arena, uint64_t off, xsrc::RecvShape &shape)
 {
 	auto *ring = arena.at<xsrc_recv_ring>(off);
 	if (!ring)
@@ -566,12 +566,24 @@ inline xsrc_recv_ring *xsrc_own_recv_ring(const xsrc::Arena &arena, uint64_t off
 	return xsrc::recv_shape_fits(shape, arena.size - off) ? ring : nullptr;
 }
 
+// The same for the CQ ring at `off`: its entries and payload slots checked
+// (its big pool is checked apart: cq_big_pool_sane).
+inline xsrc_cq_ring *xsrc_cq_ring_at(const xsrc::Arena &arena, uint64_t off, xsrc::CqShape &shape)
+{
+	auto *ring = arena.at<xsrc_cq_ring>(off);
+	if (!ring)
+		return nullptr;
+	shape = xsrc::cq_shape(ring);
+	return xsrc::cq_shape_fits(shape, arena.size - off) ? ring : nullptr;
+}
+
 // cq.cpp: a completion for a CQ (ring_off 0: computed): pushes it and
 // raises the event / overrun. Nothing when the ring's shape, read from its
 // header once, does not fit the arena.
 void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, uint64_t ring_off, const xsrc_cqe &cqe,
 		      xsrc::CqPayload payload = {}) noexcept;
-// The same by a shape read before (the one a big slot was claimed by).
+// The same by a shape read before and checked to fit the arena
+// (xsrc_cq_ring_at: the one a big slot was claimed by).
 void xsrc_cq_complete(xsrc_context *ctx, xsrc_cq_ring *ring, const xsrc::CqShape &shape, uint64_t ring_off,
 		      const xsrc_cqe &cqe, xsrc::CqPayload payload) noexcept;
 
