@@ -125,7 +125,6 @@ private:
 			return nullptr;
 		return mrs_ + index;
 	}
-
 };
 
 // Pids of peers whose memory we may not reach ourselves (another user):

@@ -356,11 +356,11 @@ struct xsrc_qp {
 	uint64_t deferred_due_ns = 0;    // when the progress thread runs the deferred WQEs
 	bool defer_streaming = false;    // a post ended the last batch; none waited out its deadline since
 	uint32_t defer_holdoff = 0;      // posts that may not be deferred (a ping-pong was seen)
+	std::unique_ptr<xsrc_batch_scratch, xsrc_batch_scratch_deleter> batch; // under sq_lock (shm_responder.cpp)
 
 	// ibv_wr_* between wr_start and wr_complete (qp_wr.cpp): up to
 	// max_send_wr + 1 staged WQEs (one more always fails), then a scratch
 	// slot that takes what no one will read.
-	std::unique_ptr<xsrc_batch_scratch, xsrc_batch_scratch_deleter> batch; // under sq_lock (shm_responder.cpp)
 	xsrc_wqe_slots staged;
 	size_t staged_count = 0;
 	xsrc_send_wqe *wr_current = nullptr; // what wr_set_* fill
