@@ -169,29 +169,33 @@ int xsrc_progress_prepare(xsrc_context *ctx) noexcept
 	return 0;
 }
 
+namespace {
+
+// The context's progress engine, made with its first send queue; null
+// before. Taken under the context's lock, used without it (it lives as
+// long as the context).
+xsrc::Progress *progress_of(xsrc_context *ctx) noexcept
+{
+	std::lock_guard guard(ctx->progress_lock);
+	return ctx->progress.get();
+}
+
+}  // namespace
+
 void xsrc_progress_schedule(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept
 {
-	std::unique_lock guard(ctx->progress_lock);
-	xsrc::Progress *p = ctx->progress.get();  // made with the QP's send queue
-	guard.unlock();
-	if (p)
+	if (xsrc::Progress *p = progress_of(ctx))
 		p->schedule(qp, at_ns);
 }
 
 void xsrc_progress_defer(xsrc_context *ctx, xsrc_qp *qp, uint64_t at_ns) noexcept
 {
-	std::unique_lock guard(ctx->progress_lock);
-	xsrc::Progress *p = ctx->progress.get();
-	guard.unlock();
-	if (p)
+	if (xsrc::Progress *p = progress_of(ctx))
 		p->defer(qp, at_ns);
 }
 
 void xsrc_progress_forget(xsrc_context *ctx, xsrc_qp *qp) noexcept
 {
-	std::unique_lock guard(ctx->progress_lock);
-	xsrc::Progress *p = ctx->progress.get();
-	guard.unlock();
-	if (p)
+	if (xsrc::Progress *p = progress_of(ctx))
 		p->forget(qp);
 }
